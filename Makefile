@@ -1,0 +1,42 @@
+# One-command entry points (see README). Everything lives in .venv/.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+# Open MPI refuses to run as root without these; harmless otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# Keep MPI traffic on this machine and quiet on hosts without fast NICs.
+export OMPI_MCA_btl_tcp_if_include ?= lo
+export OMPI_MCA_oob_tcp_if_include ?= lo
+export PRTE_MCA_oob_tcp_if_include ?= lo
+
+.PHONY: run test build venv lint bench clean
+
+run: build
+	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
+
+test: build
+	$(PY) -m pytest tests -q
+
+build: $(VENV)/.built
+
+# Rebuild the native library only when its sources or the stack change.
+$(VENV)/.built: $(VENV)/.deps setup.py $(wildcard kvstore/*.cc kvstore/*.h)
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -c "import mxnet_mpi._native"
+	touch $@
+
+venv: $(VENV)/.deps
+
+$(VENV)/.deps: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+lint: build
+	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks setup.py
+
+clean:
+	rm -rf build *.egg-info mxnet_mpi/*.so $(VENV)/.built

@@ -1,0 +1,42 @@
+// A collective request handed from an engine op to a communication executor.
+#ifndef MXNET_MPI_REQUEST_H_
+#define MXNET_MPI_REQUEST_H_
+
+#include <mpi.h>
+#include <mxnet/engine.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mxnet_mpi {
+
+enum class OpKind : int { kAllreduce = 0, kBroadcast = 1 };
+
+// MXNet dtype codes (mshadow::TypeFlag) supported by the collectives.
+enum DType : int {
+  kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kUint8 = 3,
+  kInt32 = 4, kInt8 = 5, kInt64 = 6,
+};
+
+struct Request {
+  OpKind op;
+  const void* in;      // may equal out (in place)
+  void* out;
+  int64_t count;       // elements
+  int dtype;
+  int root;            // broadcast root within comm
+  MPI_Comm comm;
+  std::string name;
+  mxnet::engine::CallbackOnComplete on_complete;
+};
+
+// Runs one request to completion with blocking MPI calls.
+// Returns an empty string on success, otherwise an error message.
+std::string RunBlocking(const Request& r);
+
+// Element size in bytes of a supported dtype, 0 if unsupported.
+int DTypeSize(int dtype);
+
+}  // namespace mxnet_mpi
+
+#endif  // MXNET_MPI_REQUEST_H_

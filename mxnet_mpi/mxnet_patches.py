@@ -1,0 +1,134 @@
+"""Make MXNet 1.9's Gluon Trainer and Module use our stores given as strings.
+
+MXNet's ``model._create_kvstore`` returns *no* kvstore for a string without
+'dist' when the process has one device: ``Trainer(kvstore='mpi')`` would then
+silently train each rank alone. The patches below apply only when the
+kvstore is one of ours; MXNet's own stores take MXNet's unchanged code paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import mxnet as mx
+from mxnet.kvstore import KVStoreBase
+
+from .errors import MPIKVStoreError
+from .kvstore import SPARSE_HINT, MPIKVStore
+
+_applied = False
+
+
+def is_ours(kvstore) -> bool:
+    """True if `kvstore` is one of our stores, or the registered name of one."""
+    if isinstance(kvstore, MPIKVStore):
+        return True
+    if isinstance(kvstore, str):
+        cls = KVStoreBase.kv_registry.get(kvstore.lower())
+        return cls is not None and issubclass(cls, MPIKVStore)
+    return False
+
+
+def resolve(kvstore):
+    """Our store instance for `kvstore` (creating it from a name), else None."""
+    if isinstance(kvstore, MPIKVStore):
+        return kvstore
+    if is_ours(kvstore):
+        return mx.kv.create(kvstore)
+    return None
+
+
+def _patched_create_kvstore(orig):
+    @functools.wraps(orig)
+    def create(kvstore, num_device, arg_params):
+        kv = resolve(kvstore)
+        if kv is None:
+            return orig(kvstore, num_device, arg_params)
+        update_on_kvstore = bool(int(os.getenv("MXNET_UPDATE_ON_KVSTORE", "1")))
+        return kv, update_on_kvstore and kv.is_capable(KVStoreBase.OPTIMIZER)
+    return create
+
+
+def _patch_trainer() -> None:
+    trainer_mod = mx.gluon.trainer
+    Trainer = trainer_mod.Trainer
+    orig_init = Trainer.__init__
+    orig_allreduce = Trainer._allreduce_grads
+
+    @functools.wraps(orig_init)
+    def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
+                 compression_params=None, update_on_kvstore=None):
+        orig_init(self, params, optimizer, optimizer_params, kvstore=kvstore,
+                  compression_params=compression_params, update_on_kvstore=update_on_kvstore)
+        kv = resolve(kvstore)
+        if kv is None:
+            return
+        for p in self._params:
+            if p._stype != "default" or p._grad_stype != "default":
+                raise MPIKVStoreError(
+                    "Parameter %s has %s weight / %s gradient storage; kvstore '%s' "
+                    "supports dense parameters only%s"
+                    % (p.name, p._stype, p._grad_stype, kv.type, SPARSE_HINT))
+        # Create the store now (MXNet would do it at the first step) so that
+        # initial weights are broadcast before the first forward pass.
+        self._kvstore_params["kvstore"] = kv
+        kv.sync_initial_params(self._params)
+        self._params_to_init = []
+
+    def _allreduce_grads(self):
+        if isinstance(self._kvstore, MPIKVStore):
+            self._kvstore.allreduce_params(self._params, bool(self._update_on_kvstore))
+        else:
+            orig_allreduce(self)
+
+    Trainer.__init__ = __init__
+    Trainer._allreduce_grads = _allreduce_grads
+    trainer_mod._create_kvstore = _patched_create_kvstore(trainer_mod._create_kvstore)
+
+
+def _patch_module() -> None:
+    module_mod = mx.module.module
+    Module = module_mod.Module
+    orig_init_optimizer = Module.init_optimizer
+    orig_initialize = module_mod._initialize_kvstore
+
+    @functools.wraps(orig_init_optimizer)
+    def init_optimizer(self, kvstore="local", optimizer="sgd",
+                       optimizer_params=(("learning_rate", 0.01),), force_init=False):
+        kv = resolve(kvstore)
+        if kv is not None and isinstance(optimizer, str):
+            # MXNet divides by num_workers for dist_sync; do the same so a
+            # Module script follows the same trajectory with either store.
+            optimizer_params = dict(optimizer_params)
+            optimizer_params.setdefault(
+                "rescale_grad", 1.0 / (self._exec_group.batch_size * kv.num_workers))
+        return orig_init_optimizer(self, kvstore=kv if kv is not None else kvstore,
+                                   optimizer=optimizer, optimizer_params=optimizer_params,
+                                   force_init=force_init)
+
+    @functools.wraps(orig_initialize)
+    def _initialize_kvstore(kvstore, param_arrays, arg_params, param_names, update_on_kvstore):
+        if not isinstance(kvstore, MPIKVStore):
+            return orig_initialize(kvstore, param_arrays, arg_params, param_names,
+                                   update_on_kvstore)
+        # Rank 0's weights go into every device copy the executors train on.
+        for idx, param_on_devs in enumerate(param_arrays):
+            name = param_names[idx]
+            kvstore.broadcast(name, arg_params[name], out=param_on_devs, priority=-idx)
+        return None
+
+    Module.init_optimizer = init_optimizer
+    module_mod._initialize_kvstore = _initialize_kvstore
+    module_mod._create_kvstore = _patched_create_kvstore(module_mod._create_kvstore)
+
+
+def apply() -> None:
+    """Install the patches once (idempotent)."""
+    global _applied
+    if _applied:
+        return
+    mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
+    _patch_trainer()
+    _patch_module()
+    _applied = True
