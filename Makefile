@@ -6,10 +6,6 @@ NP ?= 2
 # Open MPI refuses to run as root without these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-# Keep MPI traffic on this machine and quiet on hosts without fast NICs.
-export OMPI_MCA_btl_tcp_if_include ?= lo
-export OMPI_MCA_oob_tcp_if_include ?= lo
-export PRTE_MCA_oob_tcp_if_include ?= lo
 
 .PHONY: run test build venv lint bench clean
 

@@ -1,0 +1,52 @@
+"""Run Python scripts under a real `mpirun` (or plain python for 1 rank)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+BIN = Path(sys.executable).parent
+MPIRUN = str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun"
+
+
+def mpi_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_mpi(script: str, np_: int, *args: str, timeout: float = 240, env: dict | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run tests/scripts/<script> (or a path) on `np_` ranks; return the process.
+
+    With check=True a non-zero exit fails with the output. A timeout kills
+    the whole job and fails, so a hang can never stall the suite."""
+    path = Path(script) if os.path.isabs(script) else SCRIPTS / script
+    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", sys.executable, str(path), *args]
+    # Own process group: on timeout the ranks die with mpirun, none is orphaned.
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=mpi_env(env), cwd=str(ROOT), start_new_session=True)
+    try:
+        out, err = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        out, err = popen.communicate()
+        raise AssertionError("mpirun -np %d %s timed out after %ss (hang?)\nstdout:\n%s\n"
+                             "stderr:\n%s" % (np_, script, timeout, out[-6000:], err[-6000:])
+                             ) from None
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, out, err)
+    if check and proc.returncode != 0:
+        raise AssertionError("mpirun -np %d %s exited %d\nstdout:\n%s\nstderr:\n%s"
+                             % (np_, script, proc.returncode, proc.stdout[-6000:],
+                                proc.stderr[-6000:]))
+    return proc

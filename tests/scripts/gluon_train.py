@@ -1,0 +1,72 @@
+"""Train a small Gluon net and save the weights after every step, per rank.
+
+Modes:
+  --kvstore mpi|mpi_<mode>   under mpirun; kvstore passed to Trainer as a string
+  --kvstore dist_sync        as a ps-lite worker (DMLC_* env set by the test)
+  --reference N              one process, no kvstore, on the N rank shards
+                             concatenated (the expected result)
+Each step every rank (of N) uses its own slice of a global batch; the optimizer
+is SGD with momentum and weight decay; trainer.step(per-rank batch).
+"""
+
+import argparse
+import os
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import mxnet_mpi
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--kvstore", default="mpi")
+ap.add_argument("--reference", type=int, default=0)
+ap.add_argument("--steps", type=int, default=6)
+ap.add_argument("--batch", type=int, default=8)
+ap.add_argument("--outdir", required=True)
+ap.add_argument("--same-seed", action="store_true", help="all ranks init identically")
+ap.add_argument("--hybridize", action="store_true")
+args = ap.parse_args()
+
+if args.reference:
+    rank, size, kvstore = 0, args.reference, None
+elif args.kvstore.startswith("dist"):
+    kvstore = mx.kv.create(args.kvstore)
+    rank, size = kvstore.rank, kvstore.num_workers
+else:
+    rank, size, kvstore = mxnet_mpi.rank(), mxnet_mpi.size(), args.kvstore
+
+rng = np.random.RandomState(42)
+X = rng.randn(args.steps, size, args.batch, 5).astype(np.float32)
+Y = rng.randint(0, 3, size=(args.steps, size, args.batch)).astype(np.float32)
+
+mx.random.seed(1000 if (args.same_seed or args.reference) else 1000 + rank)
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(16, activation="tanh"),          # deferred init
+        gluon.nn.Dense(8, in_units=16, activation="tanh"),  # initialised at once
+        gluon.nn.Dense(3))
+net.initialize(mx.init.Uniform(0.5))
+if args.hybridize:
+    net.hybridize()
+trainer = gluon.Trainer(net.collect_params(), "sgd",
+                        {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3},
+                        kvstore=kvstore)
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+saved = {}
+for step in range(args.steps):
+    if args.reference:
+        x = X[step].reshape(-1, 5)
+        y = Y[step].reshape(-1)
+    else:
+        x, y = X[step, rank], Y[step, rank]
+    with autograd.record():
+        loss = loss_fn(net(mx.nd.array(x)), mx.nd.array(y))
+    loss.backward()
+    trainer.step(args.batch)
+    for i, p in enumerate(net.collect_params().values()):
+        saved["s%d_p%d" % (step, i)] = p.data().asnumpy()
+
+os.makedirs(args.outdir, exist_ok=True)
+np.savez(os.path.join(args.outdir, "rank%d.npz" % rank), **saved)
+print("rank %d of %d done" % (rank, size), flush=True)
