@@ -4,6 +4,7 @@ own dist_sync parameter server."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -70,3 +71,14 @@ def test_dist_sync_reaches_same_weights(tmp_path):
         run_workers(SCRIPT, 2, ["--kvstore", "dist_sync", "--same-seed", "--outdir", str(outdir),
                                 "--steps", str(STEPS)], env)
     assert_same_trajectory(load_ranks(outdir, 2), reference(tmp_path, 2))
+
+
+def test_trainer_issues_collectives_in_readiness_order():
+    """Backprop makes the last layer's gradient ready first; the chain of
+    collectives must start there, or it waits for the whole backward pass
+    (the script's gate holds back layer 0's gradient; see trainer_order.py)."""
+    proc = run_mpi(str(SCRIPTS / "trainer_order.py"), 2)
+    order_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ORDER")][0]
+    order = ast.literal_eval(order_line.split(" ", 1)[1])
+    assert order == sorted(order, reverse=True) and len(order) == 8
+    assert "LAST_REDUCED_WHILE_GATE_CLOSED True" in proc.stdout
