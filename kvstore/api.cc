@@ -3,10 +3,13 @@
 #include <mxnet/c_api.h>
 #include <mxnet/engine.h>
 
+#include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "executors.h"
 #include "owner_thread.h"
 #include "request.h"
 
@@ -20,6 +23,8 @@ OwnerThread g_owner;
 std::mutex g_comms_mu;
 std::vector<MPI_Comm> g_comms;  // id -> communicator; 0 is the world
 bool g_we_initialized = false;
+std::mutex g_exec_mu;
+std::vector<std::unique_ptr<Executor>> g_execs;  // id -> executor (null once freed)
 
 int Fail(const std::string& msg) {
   g_last_error = msg;
@@ -39,15 +44,6 @@ int AddComm(MPI_Comm comm) {
   return static_cast<int>(g_comms.size()) - 1;
 }
 
-void Complete(const mxnet::engine::CallbackOnComplete& cb, const std::string& err) {
-  if (err.empty()) {
-    cb();
-  } else {
-    dmlc::Error e(err);
-    cb(&e);
-  }
-}
-
 // What the engine op carries: private shallow copies of the arrays so the
 // Python objects may die before the op runs.
 struct OpParam {
@@ -60,6 +56,8 @@ struct OpParam {
   MPI_Comm comm = MPI_COMM_NULL;
   std::string name;
   bool sync = false;
+  Executor* exec = nullptr;
+  uint64_t ticket = 0;
 };
 
 void DeleteOpParam(void* p) {
@@ -69,6 +67,25 @@ void DeleteOpParam(void* p) {
   delete param;
 }
 
+Executor* ExecById(int id) {
+  std::lock_guard<std::mutex> lock(g_exec_mu);
+  if (id < 0 || id >= static_cast<int>(g_execs.size())) return nullptr;
+  return g_execs[id].get();
+}
+
+void StopAllExecutors() {
+  std::vector<std::unique_ptr<Executor>> execs;
+  {
+    std::lock_guard<std::mutex> lock(g_exec_mu);
+    execs.swap(g_execs);
+  }
+  for (auto& e : execs) {
+    if (e) e->Stop();
+  }
+}
+
+// The engine op: its dependencies are ready; hand the request to the
+// executor and return (unless the engine is synchronous).
 void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   const OpParam& param = *static_cast<OpParam*>(p);
   Request r;
@@ -79,22 +96,22 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   r.comm = param.comm;
   r.name = param.name;
   r.on_complete = *static_cast<mxnet::engine::CallbackOnComplete*>(on_complete);
+  if (param.sync) r.done = std::make_shared<std::promise<void>>();
   void* in_ptr = nullptr;
   void* out_ptr = nullptr;
   if (r.count > 0 &&
       (MXNDArrayGetData(param.in, &in_ptr) != 0 || MXNDArrayGetData(param.out, &out_ptr) != 0)) {
-    Complete(r.on_complete, std::string("mxnet_mpi: cannot read array data: ") + MXGetLastError());
+    // Still hand it over so ticketed executors stay in step; it fails there.
+    r.error = std::string("mxnet_mpi: cannot read array data: ") + MXGetLastError();
+    param.exec->Ready(param.ticket, r);
     return;
   }
   r.in = in_ptr;
   r.out = out_ptr;
-  auto task = [r] { Complete(r.on_complete, RunBlocking(r)); };
+  std::shared_ptr<std::promise<void>> done = r.done;
+  param.exec->Ready(param.ticket, std::move(r));
   // A synchronous engine (NaiveEngine) requires completion before return.
-  if (param.sync) {
-    g_owner.Call(task);
-  } else {
-    g_owner.Post(std::move(task));
-  }
+  if (done) done->get_future().wait();
 }
 
 }  // namespace
@@ -149,6 +166,7 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size,
 // The caller must have waited for all engine ops (mx.nd.waitall()).
 MXMPI_API int mxmpi_finalize() {
   if (!g_owner.running()) return 0;
+  StopAllExecutors();
   g_owner.Call([] {
     std::lock_guard<std::mutex> lock(g_comms_mu);
     for (size_t i = 1; i < g_comms.size(); ++i) {
@@ -211,8 +229,10 @@ MXMPI_API int mxmpi_comm_free(int id) {
 // if not NULL, is an extra write dependency that serialises collectives.
 MXMPI_API int mxmpi_push(int op, NDArrayHandle in, NDArrayHandle out, NDArrayHandle chain,
                          int64_t count, int dtype, int comm, int root, int priority,
-                         const char* name, int sync) {
+                         const char* name, int sync, int executor) {
   if (!g_owner.running()) return Fail("mxnet_mpi: not initialised");
+  Executor* exec = ExecById(executor);
+  if (!exec) return Fail("mxnet_mpi: unknown executor id " + std::to_string(executor));
   if (op != static_cast<int>(OpKind::kAllreduce) && op != static_cast<int>(OpKind::kBroadcast))
     return Fail("mxnet_mpi: unknown collective " + std::to_string(op));
   if (DTypeSize(dtype) == 0) return Fail("mxnet_mpi: unsupported dtype code " + std::to_string(dtype));
@@ -227,6 +247,7 @@ MXMPI_API int mxmpi_push(int op, NDArrayHandle in, NDArrayHandle out, NDArrayHan
   param->comm = c;
   param->name = name ? name : "";
   param->sync = sync != 0;
+  param->exec = exec;
   if (MXShallowCopyNDArray(out, &param->out) != 0 ||
       (in != out && MXShallowCopyNDArray(in, &param->in) != 0)) {
     std::string msg = MXGetLastError();
@@ -243,10 +264,55 @@ MXMPI_API int mxmpi_push(int op, NDArrayHandle in, NDArrayHandle out, NDArrayHan
   // Prioritised CPU ops run on their own small thread pool, so an enqueue is
   // never stuck behind a long compute op on the normal CPU worker.
   static mxnet::FnProperty prop = mxnet::FnProperty::kCPUPrioritized;
+  // Tickets follow push order, which is the same on every rank.
+  param->ticket = exec->Ticket();
   int rc = MXEnginePushAsyncND(&RunOp, param, &DeleteOpParam, &ctx,
                                reads.data(), static_cast<int>(reads.size()),
                                writes.data(), static_cast<int>(writes.size()),
                                &prop, priority, param->name.c_str(), false);
   if (rc != 0) return Fail(std::string("mxnet_mpi: engine push failed: ") + MXGetLastError());
+  return 0;
+}
+
+// Creates an executor for collectives over `comm` (collective over `comm`
+// for the funneled kind, which duplicates it for its agreement traffic).
+MXMPI_API int mxmpi_executor_create(int kind, int comm, int64_t fusion_bytes, int cycle_us,
+                                    int* out) {
+  if (!g_owner.running()) return Fail("mxnet_mpi: not initialised");
+  MPI_Comm c = CommById(comm);
+  if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
+  std::unique_ptr<Executor> exec;
+  switch (static_cast<ExecKind>(kind)) {
+    case ExecKind::kChained:
+      exec.reset(new ChainedExecutor());
+      break;
+    case ExecKind::kFunneled: {
+      MPI_Comm neg = MPI_COMM_NULL;
+      g_owner.Call([&] { MPI_Comm_dup(c, &neg); });
+      AddComm(neg);  // freed with the others at finalize
+      exec.reset(new FunneledExecutor(neg, static_cast<size_t>(fusion_bytes), cycle_us));
+      break;
+    }
+    case ExecKind::kConcurrent:
+      exec.reset(new ConcurrentExecutor());
+      break;
+    default:
+      return Fail("mxnet_mpi: unknown executor kind " + std::to_string(kind));
+  }
+  std::lock_guard<std::mutex> lock(g_exec_mu);
+  g_execs.push_back(std::move(exec));
+  *out = static_cast<int>(g_execs.size()) - 1;
+  return 0;
+}
+
+// Stops an executor; the caller has waited for its collectives.
+MXMPI_API int mxmpi_executor_free(int id) {
+  std::unique_ptr<Executor> exec;
+  {
+    std::lock_guard<std::mutex> lock(g_exec_mu);
+    if (id < 0 || id >= static_cast<int>(g_execs.size())) return 0;
+    exec.swap(g_execs[id]);
+  }
+  if (exec) exec->Stop();
   return 0;
 }

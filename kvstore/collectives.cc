@@ -59,35 +59,73 @@ int DTypeSize(int dtype) {
   }
 }
 
-std::string RunBlocking(const Request& r) {
+void Complete(const Request& r, const std::string& err) {
+  if (err.empty()) {
+    r.on_complete();
+  } else {
+    dmlc::Error e(err);
+    r.on_complete(&e);
+  }
+  if (r.done) r.done->set_value();
+}
+
+namespace {
+
+// Calls issue(offset_bytes, count) for each MPI-count-sized chunk of `r`,
+// after the root's local copy for an out-of-place broadcast.
+template <typename Issue>
+std::string ForEachChunk(const Request& r, Issue issue) {
+  if (!r.error.empty()) return r.error;
   if (r.count == 0) return "";
-  const MPI_Datatype type = MpiType(r.dtype);
+  if (MpiType(r.dtype) == MPI_DATATYPE_NULL)
+    return "mxnet_mpi: unsupported dtype code " + std::to_string(r.dtype);
   const int esize = DTypeSize(r.dtype);
-  if (type == MPI_DATATYPE_NULL) return "mxnet_mpi: unsupported dtype code " + std::to_string(r.dtype);
-  const MPI_Op op = r.dtype == kFloat16 ? HalfSumOp() : MPI_SUM;
-  // MPI counts are int: split larger arrays into chunks.
-  const int64_t kChunk = std::numeric_limits<int>::max() / 8;
-  char* out = static_cast<char*>(r.out);
-  const char* in = static_cast<const char*>(r.in);
-  if (r.op == OpKind::kBroadcast) {
+  if (r.op == OpKind::kBroadcast && r.in != r.out) {
     int rank = 0;
     MPI_Comm_rank(r.comm, &rank);
-    if (rank == r.root && in != out) std::memcpy(out, in, r.count * esize);
+    if (rank == r.root) std::memcpy(r.out, r.in, r.count * esize);
   }
+  const int64_t kChunk = std::numeric_limits<int>::max() / 8;
   for (int64_t off = 0; off < r.count; off += kChunk) {
     const int n = static_cast<int>(std::min(kChunk, r.count - off));
-    char* o = out + off * esize;
-    int rc;
-    if (r.op == OpKind::kAllreduce) {
-      const void* src = in == out ? MPI_IN_PLACE : static_cast<const void*>(in + off * esize);
-      rc = MPI_Allreduce(src, o, n, type, op, r.comm);
-      if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, r.name);
-    } else {
-      rc = MPI_Bcast(o, n, type, r.root, r.comm);
-      if (rc != MPI_SUCCESS) return MpiError("MPI_Bcast", rc, r.name);
-    }
+    std::string err = issue(off * esize, n);
+    if (!err.empty()) return err;
   }
   return "";
+}
+
+const void* SendBuf(const Request& r, int64_t byte_off) {
+  return r.in == r.out ? MPI_IN_PLACE : static_cast<const char*>(r.in) + byte_off;
+}
+
+MPI_Op SumOp(int dtype) { return dtype == kFloat16 ? HalfSumOp() : MPI_SUM; }
+
+}  // namespace
+
+std::string RunBlocking(const Request& r) {
+  return ForEachChunk(r, [&r](int64_t off, int n) -> std::string {
+    void* o = static_cast<char*>(r.out) + off;
+    int rc = r.op == OpKind::kAllreduce
+                 ? MPI_Allreduce(SendBuf(r, off), o, n, MpiType(r.dtype), SumOp(r.dtype), r.comm)
+                 : MPI_Bcast(o, n, MpiType(r.dtype), r.root, r.comm);
+    return rc == MPI_SUCCESS ? "" : MpiError(r.op == OpKind::kAllreduce ? "MPI_Allreduce"
+                                                                        : "MPI_Bcast", rc, r.name);
+  });
+}
+
+std::string StartNonBlocking(const Request& r, std::vector<MPI_Request>* reqs) {
+  return ForEachChunk(r, [&r, reqs](int64_t off, int n) -> std::string {
+    void* o = static_cast<char*>(r.out) + off;
+    MPI_Request q;
+    int rc = r.op == OpKind::kAllreduce
+                 ? MPI_Iallreduce(SendBuf(r, off), o, n, MpiType(r.dtype), SumOp(r.dtype),
+                                  r.comm, &q)
+                 : MPI_Ibcast(o, n, MpiType(r.dtype), r.root, r.comm, &q);
+    if (rc != MPI_SUCCESS)
+      return MpiError(r.op == OpKind::kAllreduce ? "MPI_Iallreduce" : "MPI_Ibcast", rc, r.name);
+    reqs->push_back(q);
+    return "";
+  });
 }
 
 }  // namespace mxnet_mpi

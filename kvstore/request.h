@@ -6,7 +6,10 @@
 #include <mxnet/engine.h>
 
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace mxnet_mpi {
 
@@ -28,11 +31,21 @@ struct Request {
   MPI_Comm comm;
   std::string name;
   mxnet::engine::CallbackOnComplete on_complete;
+  // Set when the engine needs completion before the op returns (NaiveEngine).
+  std::shared_ptr<std::promise<void>> done;
+  std::string error;  // set if the op could not even read its arrays
 };
+
+// Signals the engine (with an error if `err` is not empty).
+void Complete(const Request& r, const std::string& err);
 
 // Runs one request to completion with blocking MPI calls.
 // Returns an empty string on success, otherwise an error message.
 std::string RunBlocking(const Request& r);
+
+// Starts the request with non-blocking MPI calls (several if it is larger
+// than an MPI count), appending them to `reqs`. Returns an error or "".
+std::string StartNonBlocking(const Request& r, std::vector<MPI_Request>* reqs);
 
 // Element size in bytes of a supported dtype, 0 if unsupported.
 int DTypeSize(int dtype);

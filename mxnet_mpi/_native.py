@@ -11,6 +11,11 @@ from mxnet.base import NDArrayHandle
 ALLREDUCE = 0
 BROADCAST = 1
 
+# executor kinds (kvstore/executors.h)
+EXEC_CHAINED = 0
+EXEC_FUNNELED = 1
+EXEC_CONCURRENT = 2
+
 
 class NativeError(RuntimeError):
     """An error reported by the native MPI layer."""
@@ -33,7 +38,9 @@ def _load() -> ctypes.CDLL:
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_free.argtypes = [i]
     lib.mxmpi_push.argtypes = [i, NDArrayHandle, NDArrayHandle, NDArrayHandle, ctypes.c_int64,
-                               i, i, i, i, ctypes.c_char_p, i]
+                               i, i, i, i, ctypes.c_char_p, i, i]
+    lib.mxmpi_executor_create.argtypes = [i, i, ctypes.c_int64, i, pi]
+    lib.mxmpi_executor_free.argtypes = [i]
     return lib
 
 

@@ -13,7 +13,7 @@ import os
 import mxnet as mx
 import numpy as np
 
-from . import _native
+from . import _native, modes
 from .errors import MPIKVStoreError
 from .world import Communicator
 
@@ -55,12 +55,12 @@ def check_same_layout(ref, arr, what: str) -> None:
 
 
 def _push(op: int, src, dst, comm: Communicator, root: int, priority: int, name: str,
-          chain) -> None:
+          chain, executor: int) -> None:
     count = int(np.prod(src.shape, dtype=np.int64))
     _native.check(_native.LIB.mxmpi_push(
         op, src.handle, dst.handle, chain.handle if chain is not None else None, count,
         DTYPE_CODES[np.dtype(src.dtype)], comm.id, root, int(priority), name.encode(),
-        int(_engine_is_synchronous())))
+        int(_engine_is_synchronous()), executor))
 
 
 def _on_host(arr) -> bool:
@@ -68,16 +68,21 @@ def _on_host(arr) -> bool:
 
 
 def collective(op: int, src, dst, comm: Communicator, *, root: int = 0, priority: int = 0,
-               name: str = "", chain=None) -> None:
+               name: str = "", chain=None, executor: int | None = None) -> None:
     """Push allreduce (sum of `src` over `comm` into `dst`) or broadcast (root's `src`
-    into every `dst`). `src` may be `dst` (in place). Device arrays are staged
-    through host memory with engine copies, so ordering is still the engine's."""
+    into every `dst`). `src` may be `dst` (in place). `chain`: an extra engine
+    variable to write (serialises collectives); `executor`: a native executor
+    from ``modes.create_executor`` (default: the process-wide chained one,
+    with the process-wide chain). Device arrays are staged through host
+    memory with engine copies, so ordering is still the engine's."""
+    if executor is None:
+        executor, chain = modes.default_executor(), modes.chain_var()
     if _on_host(src) and _on_host(dst):
-        _push(op, src, dst, comm, root, priority, name, chain)
+        _push(op, src, dst, comm, root, priority, name, chain, executor)
         return
     host = mx.nd.empty(src.shape, ctx=mx.cpu_pinned(), dtype=src.dtype)
     src.copyto(host)
-    _push(op, host, host, comm, root, priority, name, chain)
+    _push(op, host, host, comm, root, priority, name, chain, executor)
     host.copyto(dst)
 
 

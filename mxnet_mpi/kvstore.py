@@ -21,6 +21,7 @@ from .errors import MPIKVStoreError
 from .world import init as init_world
 
 log = logging.getLogger("mxnet_mpi")
+_announced = False
 
 SPARSE_HINT = ("; use MXNet's kvstore='dist_sync' (parameter server) for row_sparse "
                "gradients or weights")
@@ -65,12 +66,17 @@ class MPIKVStore(KVStoreBase):
         world = init_world()
         # A private communicator: traffic of two stores can never match.
         self._comm = world.dup()
+        self._executor = modes.create_executor(self._mode, self._comm)
+        self._key_comms: dict[Key, object] = {}   # concurrent: a communicator per key
+        self._key_chains: dict[Key, mx.nd.NDArray] = {}  # concurrent: push order per key
         self._meta: dict[Key, tuple] = {}      # key -> (shape, dtype) seen first
         self._stored: dict[Key, mx.nd.NDArray] = {}  # values kept for pull()
         self._merge: dict[Key, mx.nd.NDArray] = {}   # per-key device-sum buffers
         self._updater = None
         self._optimizer = None
-        if world.rank == 0:
+        global _announced
+        if world.rank == 0 and not _announced:
+            _announced = True
             log.info("mxnet_mpi: kvstore %s in %s mode over %d rank(s)",
                      self.type, self._mode, world.size)
 
@@ -81,7 +87,7 @@ class MPIKVStore(KVStoreBase):
 
     @property
     def mode(self) -> str:
-        """The embedding mode in use: 'chained', ..."""
+        """The embedding mode in use: 'chained', 'funneled' or 'concurrent'."""
         return self._mode
 
     @property
@@ -142,13 +148,29 @@ class MPIKVStore(KVStoreBase):
             if o is not src:
                 src.copyto(o)
 
+    def _route(self, key: Key) -> dict:
+        """Communicator, chain variable and executor for a collective on `key`."""
+        if self._mode == "chained":
+            return {"comm": self._comm, "chain": modes.chain_var(), "executor": self._executor}
+        if self._mode == "funneled":
+            return {"comm": self._comm, "chain": None, "executor": self._executor}
+        comm = self._key_comms.get(key)
+        if comm is None:
+            # Collective over the store's communicator, at the key's first use,
+            # which comes in the same program order on every rank.
+            comm = self._key_comms[key] = self._comm.dup()
+            self._key_chains[key] = mx.nd.zeros((1,), ctx=mx.cpu())
+        return {"comm": comm, "chain": self._key_chains[key], "executor": self._executor}
+
     def _allreduce(self, key: Key, src, dst, priority: int) -> None:
-        allreduce_(src, dst, self._comm, priority=priority, name=self._name("allreduce", key),
-                   chain=modes.chain_for(self._mode))
+        route = self._route(key)
+        allreduce_(src, dst, route.pop("comm"), priority=priority,
+                   name=self._name("allreduce", key), **route)
 
     def _broadcast(self, key: Key, src, dst, priority: int) -> None:
-        broadcast_(src, dst, self._comm, root=0, priority=priority,
-                   name=self._name("broadcast", key), chain=modes.chain_for(self._mode))
+        route = self._route(key)
+        broadcast_(src, dst, route.pop("comm"), root=0, priority=priority,
+                   name=self._name("broadcast", key), **route)
 
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:

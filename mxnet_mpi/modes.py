@@ -1,25 +1,45 @@
 """Embedding modes: how a collective becomes a node of the engine's DAG.
 
-chained   every collective also writes one process-wide engine variable, so
-          the engine runs collectives one at a time in push order, the same
-          order on every rank (all ranks push the same sequence). The native
-          owner thread runs them; engine workers never block on a peer.
+chained     every collective also writes one process-wide engine variable, so
+            the engine releases collectives one at a time in push order, the
+            same order on every rank (all ranks push the same sequence). One
+            thread per store runs them with blocking MPI calls.
+funneled    one thread per store owns its communicator. Collectives get a
+            ticket at push time (push order, the same on every rank); engine
+            ops only mark their ticket ready. Each cycle the thread ANDs a
+            bitmask of locally ready tickets with its peers (one allreduce of
+            512 bytes) and runs exactly the tickets ready everywhere, in ticket
+            order, fusing small allreduces of one dtype into one buffer.
+concurrent  each key has its own communicator and its own engine variable.
+            Engine threads issue non-blocking collectives directly
+            (MPI_THREAD_MULTIPLE) and a progress thread completes them; keys
+            never match each other whatever order ranks issue them in, and one
+            key's collectives keep push order through its engine variable.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
 import mxnet as mx
 
+from . import _native
 from .errors import MPIKVStoreError
+from .world import THREAD_MULTIPLE, Communicator, thread_level
 
-MODES = ("chained",)
+MODES = ("chained", "funneled", "concurrent")
 DEFAULT_MODE = "chained"
 ENV_VAR = "MXNET_MPI_MODE"
+FUSION_ENV = "MXNET_MPI_FUSION_BYTES"      # funneled: fusion buffer cap
+CYCLE_ENV = "MXNET_MPI_CYCLE_US"           # funneled: wait after an empty agreement
+
+_KINDS = {"chained": _native.EXEC_CHAINED, "funneled": _native.EXEC_FUNNELED,
+          "concurrent": _native.EXEC_CONCURRENT}
 
 _chain = None
+_default_executor = None
 _chain_lock = threading.Lock()
 
 
@@ -34,11 +54,39 @@ def resolve(name: str | None) -> str:
     return mode
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise MPIKVStoreError("%s must be an integer, got %r" % (name, raw)) from None
+    if value < 0:
+        raise MPIKVStoreError("%s must be >= 0, got %d" % (name, value))
+    return value
+
+
+def create_executor(mode: str, comm: Communicator) -> int:
+    """A native executor for `mode` over `comm` (collective for 'funneled')."""
+    if mode == "concurrent" and thread_level() < THREAD_MULTIPLE:
+        raise MPIKVStoreError(
+            "mode 'concurrent' needs MPI_THREAD_MULTIPLE but this MPI provides thread level "
+            "%d; use mode 'funneled' or 'chained' (MXNET_MPI_MODE)" % thread_level())
+    out = ctypes.c_int()
+    _native.check(_native.LIB.mxmpi_executor_create(
+        _KINDS[mode], comm.id, _env_int(FUSION_ENV, 64 << 20), _env_int(CYCLE_ENV, 200),
+        ctypes.byref(out)))
+    return out.value
+
+
+def free_executor(executor: int) -> None:
+    _native.LIB.mxmpi_executor_free(executor)
+
+
 def chain_var():
     """The process-wide engine variable (a 1-element array) that chains collectives.
 
-    One per process, shared by every store, so that two stores alive at once
-    cannot interleave their collectives differently on different ranks."""
+    One per process, shared by every chained store, so that two stores alive
+    at once cannot interleave their collectives differently on different ranks."""
     global _chain
     with _chain_lock:
         if _chain is None:
@@ -46,6 +94,18 @@ def chain_var():
         return _chain
 
 
-def chain_for(mode: str):
-    """The chain array a collective in `mode` depends on, or None."""
-    return chain_var() if mode == "chained" else None
+def default_executor() -> int:
+    """The process-wide chained executor used by the free functions
+    ``allreduce_``/``broadcast_`` when no executor is given."""
+    global _default_executor
+    with _chain_lock:
+        if _default_executor is None:
+            from .world import init
+            _default_executor = create_executor("chained", init())
+        return _default_executor
+
+
+def _forget() -> None:
+    """Native executors and arrays are gone after finalize()."""
+    global _default_executor
+    _default_executor = None

@@ -88,13 +88,15 @@ def finalize() -> None:
         mx.nd.waitall()
         LIB.mxmpi_finalize()
         _state.world = None
+        from . import modes
+        modes._forget()
 
 
 def _split(parent: int, color: int, key: int) -> Communicator | None:
     init()
-    # Collectives already pushed must finish first: they run on the same
-    # thread and peers may still be waiting for them.
-    mx.nd.waitall()
+    if _state.thread_level < THREAD_MULTIPLE:
+        # Without MPI_THREAD_MULTIPLE no collective may be running meanwhile.
+        mx.nd.waitall()
     out = ctypes.c_int()
     check(LIB.mxmpi_comm_split(parent, color, key, ctypes.byref(out)))
     if out.value < 0:

@@ -14,6 +14,7 @@ from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
 from pslite import parameter_server, run_workers
 
 SCRIPT = str(SCRIPTS / "gluon_train.py")
+MODES = ["chained", "funneled", "concurrent"]
 STEPS = 6
 
 
@@ -40,17 +41,20 @@ def assert_same_trajectory(ranks, ref):
                                    err_msg="differs from one process on the full batch: " + key)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_mpi_string_matches_single_process(tmp_path, nranks):
+def test_mpi_string_matches_single_process(tmp_path, nranks, mode):
     # Ranks seed differently: they only agree if rank 0's weights are broadcast
     # (deferred-init ones included) and gradients are summed across ranks.
+    # kvstore='mpi' as a plain string; the mode comes from the environment.
     run_mpi(SCRIPT, nranks, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"),
-            "--steps", str(STEPS))
+            "--steps", str(STEPS), env={"MXNET_MPI_MODE": mode})
     assert_same_trajectory(load_ranks(tmp_path / "mpi", nranks), reference(tmp_path, nranks))
 
 
-def test_mpi_chained_hybridized(tmp_path):
-    run_mpi(SCRIPT, 2, "--kvstore", "mpi_chained", "--hybridize",
+@pytest.mark.parametrize("mode", MODES)
+def test_mpi_mode_by_name_hybridized(tmp_path, mode):
+    run_mpi(SCRIPT, 2, "--kvstore", "mpi_" + mode, "--hybridize",
             "--outdir", str(tmp_path / "mpi"), "--steps", str(STEPS))
     assert_same_trajectory(load_ranks(tmp_path / "mpi", 2), reference(tmp_path, 2))
 
@@ -73,11 +77,12 @@ def test_dist_sync_reaches_same_weights(tmp_path):
     assert_same_trajectory(load_ranks(outdir, 2), reference(tmp_path, 2))
 
 
-def test_trainer_issues_collectives_in_readiness_order():
-    """Backprop makes the last layer's gradient ready first; the chain of
-    collectives must start there, or it waits for the whole backward pass
-    (the script's gate holds back layer 0's gradient; see trainer_order.py)."""
-    proc = run_mpi(str(SCRIPTS / "trainer_order.py"), 2)
+@pytest.mark.parametrize("mode", MODES)
+def test_trainer_issues_collectives_in_readiness_order(mode):
+    """Backprop makes the last layer's gradient ready first; collectives must
+    start there, not wait for the whole backward pass (the script's gate holds
+    back layer 0's gradient; see trainer_order.py). Every mode must overlap."""
+    proc = run_mpi(str(SCRIPTS / "trainer_order.py"), 2, env={"MXNET_MPI_MODE": mode})
     order_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ORDER")][0]
     order = ast.literal_eval(order_line.split(" ", 1)[1])
     assert order == sorted(order, reverse=True) and len(order) == 8
