@@ -32,7 +32,7 @@ from .world import THREAD_MULTIPLE, Communicator, thread_level
 MODES = ("chained", "funneled", "concurrent")
 DEFAULT_MODE = "chained"
 ENV_VAR = "MXNET_MPI_MODE"
-FUSION_ENV = "MXNET_MPI_FUSION_BYTES"      # funneled: fusion buffer cap
+FUSION_ENV = "MXNET_MPI_FUSION_BYTES"      # funneled: fuse allreduces up to this size
 CYCLE_ENV = "MXNET_MPI_CYCLE_US"           # funneled: wait after an empty agreement
 
 _KINDS = {"chained": _native.EXEC_CHAINED, "funneled": _native.EXEC_FUNNELED,
@@ -73,7 +73,7 @@ def create_executor(mode: str, comm: Communicator) -> int:
             "%d; use mode 'funneled' or 'chained' (MXNET_MPI_MODE)" % thread_level())
     out = ctypes.c_int()
     _native.check(_native.LIB.mxmpi_executor_create(
-        _KINDS[mode], comm.id, _env_int(FUSION_ENV, 64 << 20), _env_int(CYCLE_ENV, 200),
+        _KINDS[mode], comm.id, _env_int(FUSION_ENV, 2 << 20), _env_int(CYCLE_ENV, 200),
         ctypes.byref(out)))
     return out.value
 

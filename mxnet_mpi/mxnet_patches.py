@@ -20,14 +20,31 @@ from .kvstore import SPARSE_HINT, MPIKVStore
 _applied = False
 
 
+def _claims(name: str) -> bool:
+    """Names in our namespace: registered ones, and typos of them."""
+    return name.lower().startswith("mpi")
+
+
 def is_ours(kvstore) -> bool:
-    """True if `kvstore` is one of our stores, or the registered name of one."""
+    """True if `kvstore` is one of our stores, or a name in our namespace."""
     if isinstance(kvstore, MPIKVStore):
         return True
-    if isinstance(kvstore, str):
-        cls = KVStoreBase.kv_registry.get(kvstore.lower())
-        return cls is not None and issubclass(cls, MPIKVStore)
-    return False
+    return isinstance(kvstore, str) and _claims(kvstore)
+
+
+def _patched_create(orig):
+    @functools.wraps(orig)
+    def create(name="local"):
+        if isinstance(name, str) and _claims(name):
+            cls = KVStoreBase.kv_registry.get(name.lower())
+            if cls is None or not issubclass(cls, MPIKVStore):
+                # MXNet would silently fall back to a local store here.
+                ours = sorted(k for k, c in KVStoreBase.kv_registry.items()
+                              if issubclass(c, MPIKVStore))
+                raise MPIKVStoreError("unknown kvstore %r; mxnet_mpi provides %s"
+                                      % (name, ", ".join(ours)))
+        return orig(name)
+    return create
 
 
 def resolve(kvstore):
@@ -128,6 +145,7 @@ def apply() -> None:
     global _applied
     if _applied:
         return
+    mx.kv.create = _patched_create(mx.kv.create)
     mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
     _patch_trainer()
     _patch_module()

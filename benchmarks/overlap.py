@@ -1,0 +1,182 @@
+"""Measure how much gradient communication each mode hides behind backprop.
+
+    .venv/bin/python benchmarks/overlap.py [--model resnet18_v1] [--np 2]
+
+Run without mpirun, it launches itself under mpirun once per transport
+(Open MPI's shared memory, then TCP on loopback: --mca btl tcp,self), prints a
+table and writes benchmarks/results/overlap.csv and overlap.png. Per step,
+on a real gluoncv model:
+
+  compute       forward + backward + update, no communication
+  comm_<mode>   allreduce of the same gradient arrays in <mode>, no compute
+  baseline      wait for backward to finish, then allreduce, then update
+  <mode>        Trainer(kvstore=mpi_<mode>): allreduce overlaps backprop
+
+overlap fraction of a mode = (t_baseline - t_mode) / t_comm_<mode>: 0 means
+nothing hidden, 1 means all communication hidden behind compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODES = ("chained", "funneled", "concurrent")
+TRANSPORTS = {"shm": [], "tcp": ["--mca", "btl", "tcp,self"]}
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18_v1", help="gluoncv model_zoo name")
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8, help="per rank")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--outdir", default=str(HERE / "results"))
+    ap.add_argument("--worker-json", help=argparse.SUPPRESS)  # set by the driver
+    return ap.parse_args()
+
+
+# ----------------------------------------------------------------- worker side
+def worker(args: argparse.Namespace) -> None:
+    import mxnet as mx
+    from gluoncv.model_zoo import get_model
+    from mxnet import autograd, gluon
+
+    import mxnet_mpi
+
+    rank = mxnet_mpi.rank()
+    net = get_model(args.model, classes=100)
+    net.initialize(mx.init.Xavier())
+    net.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.random.uniform(shape=(args.batch, 3, args.image_size, args.image_size))
+    y = mx.nd.array([i % 100 for i in range(args.batch)])
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    net(x).wait_to_read()
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    stores = {m: mx.kv.create("mpi_" + m) for m in MODES}
+
+    def fwd_bwd():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+
+    def timed(step_fn) -> float:
+        for _ in range(args.warmup):
+            step_fn()
+            mx.nd.waitall()
+        stores["chained"].pushpull("barrier", mx.nd.zeros((1,)))
+        mx.nd.waitall()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step_fn()
+        mx.nd.waitall()
+        return (time.perf_counter() - t0) / args.steps
+
+    results = {}
+    local = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3}, kvstore=None)
+    results["compute"] = timed(lambda: (fwd_bwd(), local.step(args.batch)))
+
+    fwd_bwd()
+    mx.nd.waitall()
+    grads = [p.grad() for p in params]
+    for m in MODES:
+        def comm(m=m):
+            for i in reversed(range(len(grads))):
+                stores[m].pushpull("g%d" % i, grads[i], priority=-i)
+        results["comm_" + m] = timed(comm)
+
+    def baseline():
+        fwd_bwd()
+        mx.nd.waitall()  # backward done before any communication starts
+        for i in reversed(range(len(grads))):
+            stores["chained"].pushpull("g%d" % i, params[i].grad(), priority=-i)
+        local.step(args.batch)
+    results["baseline"] = timed(baseline)
+
+    for m in MODES:
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
+                                kvstore=stores[m])
+        results[m] = timed(lambda trainer=trainer: (fwd_bwd(), trainer.step(args.batch)))
+
+    nbytes = sum(p.grad().size * 4 for p in params)
+    if rank == 0:
+        with open(args.worker_json, "w") as f:
+            json.dump({"times": results, "grad_bytes": nbytes, "nparams": len(params)}, f)
+
+
+# ----------------------------------------------------------------- driver side
+def drive(args: argparse.Namespace) -> None:
+    outdir = Path(args.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    rows = []
+    for transport in args.transports.split(","):
+        out_json = outdir / ("overlap_%s.json" % transport)
+        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", *TRANSPORTS[transport],
+               sys.executable, __file__, "--model", args.model, "--image-size",
+               str(args.image_size), "--batch", str(args.batch), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--worker-json", str(out_json)]
+        print("running:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, env=env)
+        res = json.loads(out_json.read_text())
+        t = res["times"]
+        for name, secs in t.items():
+            mode = name if name in MODES else None
+            frac = ((t["baseline"] - secs) / t["comm_" + mode]) if mode else None
+            rows.append({"transport": transport, "config": name, "ms_per_step": secs * 1e3,
+                         "overlap_fraction": frac, "grad_MB": res["grad_bytes"] / 2**20})
+    write_outputs(rows, outdir, args)
+
+
+def write_outputs(rows: list, outdir: Path, args: argparse.Namespace) -> None:
+    with open(outdir / "overlap.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print("\n%s, %d ranks, batch %d/rank, %dx%d images, %.1f MB of gradients"
+          % (args.model, args.np, args.batch, args.image_size, args.image_size,
+             rows[0]["grad_MB"]))
+    print("%-9s %-18s %12s %18s" % ("transport", "config", "ms/step", "overlap fraction"))
+    for r in rows:
+        frac = "" if r["overlap_fraction"] is None else "%.2f" % r["overlap_fraction"]
+        print("%-9s %-18s %12.1f %18s" % (r["transport"], r["config"], r["ms_per_step"], frac))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    transports = sorted({r["transport"] for r in rows}, key=list(TRANSPORTS).index)
+    configs = [r["config"] for r in rows if r["transport"] == transports[0]]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(transports)
+    for i, tr in enumerate(transports):
+        vals = [next(r["ms_per_step"] for r in rows if r["transport"] == tr and r["config"] == c)
+                for c in configs]
+        ax.bar([k + i * width for k in range(len(configs))], vals, width, label=tr)
+    ax.set_xticks([k + width * (len(transports) - 1) / 2 for k in range(len(configs))])
+    ax.set_xticklabels(configs, rotation=30, ha="right")
+    ax.set_ylabel("ms per step (lower is better)")
+    ax.set_title("%s, %d ranks: compute, communication and their overlap" % (args.model, args.np))
+    ax.legend(title="transport")
+    fig.tight_layout()
+    fig.savefig(outdir / "overlap.png", dpi=110)
+    print("\nwrote %s and %s" % (outdir / "overlap.csv", outdir / "overlap.png"))
+
+
+if __name__ == "__main__":
+    a = parse()
+    if a.worker_json:
+        worker(a)
+    else:
+        drive(a)

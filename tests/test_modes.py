@@ -1,0 +1,49 @@
+"""Mode selection, and stores in several modes alive at once."""
+
+import pytest
+from mpirun import run_mpi
+
+MODES = ["chained", "funneled", "concurrent"]
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("modes", ["chained,chained", "funneled,funneled",
+                                   "concurrent,concurrent", "chained,funneled,concurrent"])
+def test_stores_alive_at_once_do_not_mix(modes, nranks):
+    proc = run_mpi("two_stores.py", nranks, modes, timeout=180)
+    assert "OK %d collectives" % (3 * 40 * len(modes.split(","))) in proc.stdout
+
+
+def lines(proc, tag):
+    return [ln.split()[1:] for ln in proc.stdout.splitlines() if ln.startswith(tag + " ")]
+
+
+def test_mode_by_name_and_default():
+    proc = run_mpi("mode_select.py", 1)
+    default = lines(proc, "DEFAULT")[0][0]
+    assert lines(proc, "MPI_TYPE")[0] == ["mpi_" + default, default]
+    assert sorted(lines(proc, "BY_NAME")) == sorted([m, "mpi_" + m, m] for m in MODES)
+    # logged once per process, although several stores were created
+    logged = [ln for ln in proc.stderr.splitlines() if ln.startswith("LOG mxnet_mpi: kvstore")]
+    assert len(logged) == 1 and default in logged[0]
+    # names in our namespace that nobody registered are errors, never MXNet's
+    # silent fallback to a local store (which would not communicate)
+    unknown = [ln for ln in proc.stdout.splitlines() if ln.startswith("UNKNOWN_NAME")]
+    assert len(unknown) == 3
+    for ln in unknown:
+        assert "unknown kvstore" in ln and "mpi_chained, mpi_concurrent, mpi_funneled" in ln
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_from_environment(mode):
+    proc = run_mpi("mode_select.py", 2, env={"MXNET_MPI_MODE": mode})
+    assert lines(proc, "MPI_TYPE") == [["mpi_" + mode, mode]] * 2
+    # a name that fixes the mode wins over the environment
+    assert ["chained", "mpi_chained", "chained"] in lines(proc, "BY_NAME")
+
+
+def test_unknown_mode_in_environment_is_a_clear_error():
+    proc = run_mpi("mode_select.py", 1, env={"MXNET_MPI_MODE": "bogus"}, check=False)
+    assert proc.returncode != 0
+    assert "unknown mxnet_mpi mode 'bogus'" in proc.stderr
+    assert "chained, funneled, concurrent" in proc.stderr
