@@ -18,6 +18,7 @@ from mxnet.kvstore import KVStoreBase
 from . import modes
 from .collectives import allreduce_, broadcast_, check_array, check_same_layout
 from .errors import MPIKVStoreError
+from .world import Communicator
 from .world import init as init_world
 
 log = logging.getLogger("mxnet_mpi")
@@ -61,11 +62,12 @@ class MPIKVStore(KVStoreBase):
 
     fixed_mode: str | None = None  # set by the mpi_<mode> subclasses
 
-    def __init__(self, mode: str | None = None) -> None:
+    def __init__(self, mode: str | None = None, comm: Communicator | None = None) -> None:
+        """`comm`: the ranks to reduce over (default: the whole MPI world);
+        the store duplicates it, so no other traffic can match its own."""
         self._mode = modes.resolve(mode if mode is not None else self.fixed_mode)
         world = init_world()
-        # A private communicator: traffic of two stores can never match.
-        self._comm = world.dup()
+        self._comm = (comm if comm is not None else world).dup()
         self._executor = modes.create_executor(self._mode, self._comm)
         self._key_comms: dict[Key, object] = {}   # concurrent: a communicator per key
         self._key_chains: dict[Key, mx.nd.NDArray] = {}  # concurrent: push order per key
@@ -78,7 +80,7 @@ class MPIKVStore(KVStoreBase):
         if world.rank == 0 and not _announced:
             _announced = True
             log.info("mxnet_mpi: kvstore %s in %s mode over %d rank(s)",
-                     self.type, self._mode, world.size)
+                     self.type, self._mode, self._comm.size)
 
     # ------------------------------------------------------------ properties
     @property

@@ -21,8 +21,9 @@ _applied = False
 
 
 def _claims(name: str) -> bool:
-    """Names in our namespace: registered ones, and typos of them."""
-    return name.lower().startswith("mpi")
+    """Names in our namespace (``mpi*``, ``*_mpi``): registered ones and typos."""
+    name = name.lower()
+    return name.startswith("mpi") or name.endswith("_mpi")
 
 
 def is_ours(kvstore) -> bool:
