@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "executors.h"
+#include "health.h"
 #include "owner_thread.h"
 #include "request.h"
 
@@ -108,6 +109,7 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   }
   r.in = in_ptr;
   r.out = out_ptr;
+  r.flight = FlightBegin(r.name);
   std::shared_ptr<std::promise<void>> done = r.done;
   param.exec->Ready(param.ticket, std::move(r));
   // A synchronous engine (NaiveEngine) requires completion before return.
@@ -152,8 +154,17 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size,
     MPI_Comm_rank(local, local_rank);
     MPI_Comm_size(local, local_size);
     MPI_Comm_free(&local);
-    std::lock_guard<std::mutex> lock(g_comms_mu);
-    g_comms.assign(1, MPI_COMM_WORLD);
+    {
+      std::lock_guard<std::mutex> lock(g_comms_mu);
+      g_comms.assign(1, MPI_COMM_WORLD);
+    }
+    // The health thread needs MPI_THREAD_MULTIPLE (it calls MPI beside us).
+    if (*size > 1 && *provided >= MPI_THREAD_MULTIPLE && Options().interval_s > 0) {
+      MPI_Comm health;
+      MPI_Comm_dup(MPI_COMM_WORLD, &health);
+      AddComm(health);
+      HealthStart(health, *rank);
+    }
   });
   if (!err.empty()) {
     g_owner.Stop();
@@ -167,6 +178,7 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size,
 MXMPI_API int mxmpi_finalize() {
   if (!g_owner.running()) return 0;
   StopAllExecutors();
+  HealthStop();
   g_owner.Call([] {
     std::lock_guard<std::mutex> lock(g_comms_mu);
     for (size_t i = 1; i < g_comms.size(); ++i) {
@@ -178,6 +190,18 @@ MXMPI_API int mxmpi_finalize() {
     if (g_we_initialized && !finalized) MPI_Finalize();
   });
   g_owner.Stop();
+  return 0;
+}
+
+// Set before mxmpi_init: signature checks, stall warning/abort times (s),
+// health round period (s; 0 disables the health thread).
+MXMPI_API int mxmpi_configure(int check_signatures, double warn_s, double abort_s,
+                              double interval_s) {
+  HealthOptions& o = Options();
+  o.check_signatures = check_signatures != 0;
+  o.warn_s = warn_s;
+  o.abort_s = abort_s;
+  o.interval_s = interval_s;
   return 0;
 }
 

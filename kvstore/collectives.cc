@@ -4,6 +4,7 @@
 #include <limits>
 #include <mutex>
 
+#include "health.h"
 #include "request.h"
 
 namespace mxnet_mpi {
@@ -60,6 +61,7 @@ int DTypeSize(int dtype) {
 }
 
 void Complete(const Request& r, const std::string& err) {
+  FlightEnd(r.flight);
   if (err.empty()) {
     r.on_complete();
   } else {

@@ -1,13 +1,28 @@
 #include "executors.h"
 
+#include "health.h"
+
 #include <chrono>
 #include <cstring>
 
 namespace mxnet_mpi {
 
 // ---------------------------------------------------------------- chained
+namespace {
+
+// Signature check (if enabled), then the collective itself.
+std::string CheckAndRun(const Request& r) {
+  if (Options().check_signatures && r.error.empty()) {
+    std::string err = CheckSignature(r);
+    if (!err.empty()) return err;
+  }
+  return RunBlocking(r);
+}
+
+}  // namespace
+
 void ChainedExecutor::Ready(uint64_t, Request r) {
-  thread_.Post([r] { Complete(r, RunBlocking(r)); });
+  thread_.Post([r] { Complete(r, CheckAndRun(r)); });
 }
 
 // ---------------------------------------------------------------- funneled
@@ -95,6 +110,20 @@ void FunneledExecutor::RunAgreed(std::vector<Request>* agreed) {
     group.clear();
     group_bytes = 0;
   };
+  // Every rank runs the same agreed tickets in the same order; check that they
+  // are the same collectives before any data moves.
+  if (Options().check_signatures) {
+    std::vector<Request> ok;
+    for (Request& r : *agreed) {
+      std::string err = r.error.empty() ? CheckSignature(r) : r.error;
+      if (err.empty()) {
+        ok.push_back(std::move(r));
+      } else {
+        Complete(r, err);
+      }
+    }
+    agreed->swap(ok);
+  }
   for (Request& r : *agreed) {
     const size_t bytes = static_cast<size_t>(r.count) * DTypeSize(r.dtype);
     const bool fusable = r.op == OpKind::kAllreduce && bytes > 0 && bytes <= fusion_bytes_;

@@ -34,6 +34,7 @@ struct Request {
   // Set when the engine needs completion before the op returns (NaiveEngine).
   std::shared_ptr<std::promise<void>> done;
   std::string error;  // set if the op could not even read its arrays
+  uint64_t flight = 0;  // in-flight record (health.h)
 };
 
 // Signals the engine (with an error if `err` is not empty).

@@ -34,6 +34,8 @@ def _load() -> ctypes.CDLL:
     lib.mxmpi_init.argtypes = [i, pi, pi, pi, pi, pi]
     lib.mxmpi_finalize.argtypes = []
     lib.mxmpi_abort.argtypes = [i]
+    d = ctypes.c_double
+    lib.mxmpi_configure.argtypes = [i, d, d, d]
     lib.mxmpi_comm_split.argtypes = [i, i, i, pi]
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_free.argtypes = [i]

@@ -77,6 +77,9 @@ def collective(op: int, src, dst, comm: Communicator, *, root: int = 0, priority
     memory with engine copies, so ordering is still the engine's."""
     if executor is None:
         executor, chain = modes.default_executor(), modes.chain_var()
+    if not name:
+        name = "%s shape=%s %s" % ("allreduce_" if op == _native.ALLREDUCE else "broadcast_",
+                                   tuple(src.shape), np.dtype(src.dtype))
     if _on_host(src) and _on_host(dst):
         _push(op, src, dst, comm, root, priority, name, chain, executor)
         return

@@ -13,6 +13,7 @@ import pickle
 from typing import Any, Sequence
 
 import mxnet as mx
+import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import modes
@@ -109,8 +110,28 @@ class MPIKVStore(KVStoreBase):
         raise MPIKVStoreError("unknown capability %r" % (capability,))
 
     # ------------------------------------------------------------ helpers
-    def _name(self, verb: str, key: Key) -> str:
-        return "mpi_%s:%s" % (verb, key)
+    @staticmethod
+    def _name(verb: str, key: Key, arr) -> str:
+        """Describes a collective; ranks must agree on it (signature checks)."""
+        return "%s key=%r shape=%s %s" % (verb, key, tuple(arr.shape), np.dtype(arr.dtype))
+
+    def _check_first_use(self, key: Key, arr) -> None:
+        """Concurrent mode: before a key gets its communicator (a collective
+        over the store's communicator), check that every rank is at the same
+        key with the same shape and dtype, or say who differs."""
+        width = 160
+        rows = np.zeros((self._comm.size, width), dtype=np.uint8)
+        desc = self._name("allreduce/broadcast", key, arr).encode()[:width - 1]
+        rows[self._comm.rank, :len(desc)] = np.frombuffer(desc, dtype=np.uint8)
+        table = mx.nd.array(rows, dtype="uint8")
+        # rows are disjoint: the sum is an allgather
+        allreduce_(table, table, self._comm, name=self._name("first-use check of", key, arr))
+        got = [bytes(row).rstrip(b"\0").decode() for row in table.asnumpy()]
+        if len(set(got)) > 1:
+            raise MPIKVStoreError(
+                "ranks disagree on a collective (different key, shape or dtype, or keys first "
+                "used in a different order): "
+                + "; ".join("rank %d runs '%s'" % (r, g) for r, g in enumerate(got)))
 
     def _remember(self, key: Key, value) -> None:
         """Record a key's layout on first use; later uses must match it."""
@@ -150,7 +171,7 @@ class MPIKVStore(KVStoreBase):
             if o is not src:
                 src.copyto(o)
 
-    def _route(self, key: Key) -> dict:
+    def _route(self, key: Key, arr) -> dict:
         """Communicator, chain variable and executor for a collective on `key`."""
         if self._mode == "chained":
             return {"comm": self._comm, "chain": modes.chain_var(), "executor": self._executor}
@@ -160,19 +181,20 @@ class MPIKVStore(KVStoreBase):
         if comm is None:
             # Collective over the store's communicator, at the key's first use,
             # which comes in the same program order on every rank.
+            self._check_first_use(key, arr)
             comm = self._key_comms[key] = self._comm.dup()
             self._key_chains[key] = mx.nd.zeros((1,), ctx=mx.cpu())
         return {"comm": comm, "chain": self._key_chains[key], "executor": self._executor}
 
     def _allreduce(self, key: Key, src, dst, priority: int) -> None:
-        route = self._route(key)
+        route = self._route(key, src)
         allreduce_(src, dst, route.pop("comm"), priority=priority,
-                   name=self._name("allreduce", key), **route)
+                   name=self._name("allreduce", key, src), **route)
 
     def _broadcast(self, key: Key, src, dst, priority: int) -> None:
-        route = self._route(key)
+        route = self._route(key, src)
         broadcast_(src, dst, route.pop("comm"), root=0, priority=priority,
-                   name=self._name("broadcast", key), **route)
+                   name=self._name("broadcast", key, src), **route)
 
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:

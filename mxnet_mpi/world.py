@@ -21,6 +21,28 @@ from ._native import LIB, check
 THREAD_SERIALIZED = 2
 THREAD_MULTIPLE = 3
 
+# Reliability settings, read once when MPI is initialised (README: "When
+# things go wrong"). name -> default
+SETTINGS = {
+    "MXNET_MPI_CHECK_SIGNATURES": 1.0,  # ranks agree on each collective (key, shape, dtype)
+    "MXNET_MPI_STALL_WARN_S": 60.0,     # warn about a collective waiting this long
+    "MXNET_MPI_STALL_ABORT_S": 600.0,   # abort the job when it has waited this long
+    "MXNET_MPI_HEALTH_INTERVAL_S": 1.0,  # period of the cross-rank health rounds; 0 = off
+}
+
+
+def _setting(name: str) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return SETTINGS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("mxnet_mpi: %s must be a number, got %r" % (name, raw)) from None
+    if value < 0:
+        raise ValueError("mxnet_mpi: %s must be >= 0, got %r" % (name, raw))
+    return value
+
 
 @dataclass(frozen=True)
 class Communicator:
@@ -62,6 +84,12 @@ def init() -> Communicator:
     with _lock:
         if _state.world is not None:
             return _state.world
+        warn, abort = _setting("MXNET_MPI_STALL_WARN_S"), _setting("MXNET_MPI_STALL_ABORT_S")
+        if abort < warn:
+            raise ValueError("mxnet_mpi: MXNET_MPI_STALL_ABORT_S (%g) must be >= "
+                             "MXNET_MPI_STALL_WARN_S (%g)" % (abort, warn))
+        LIB.mxmpi_configure(int(_setting("MXNET_MPI_CHECK_SIGNATURES")), warn, abort,
+                            _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
         out = [ctypes.c_int() for _ in range(5)]
         check(LIB.mxmpi_init(THREAD_MULTIPLE, *[ctypes.byref(o) for o in out]))
         provided, rank, size, local_rank, local_size = (o.value for o in out)
