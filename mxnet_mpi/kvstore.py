@@ -48,9 +48,18 @@ def _group(key, value, out) -> list:
     return [(key, _as_list(value), None if out is None else _as_list(out))]
 
 
+def _legacy_view(arr):
+    """A legacy NDArray view sharing `arr`'s memory, 1-d if `arr` is 0-d: our
+    copies and sums use legacy operators, which reject mx.np arrays and 0-d
+    shapes (legacy reshape is a view; mx.np's reshape would copy)."""
+    legacy = arr.as_nd_ndarray() if isinstance(arr, mx.np.ndarray) else arr
+    return legacy.reshape((legacy.size,)) if legacy.ndim == 0 else legacy
+
+
 def _check_key(key) -> None:
     if not isinstance(key, (int, str)) or isinstance(key, bool):
-        raise MPIKVStoreError("kvstore keys must be int or str, got %r" % (key,))
+        raise MPIKVStoreError("kvstore keys must be int or str, got %r of type %s"
+                              % (key, type(key).__name__))
 
 
 class MPIKVStore(KVStoreBase):
@@ -155,21 +164,24 @@ class MPIKVStore(KVStoreBase):
 
     def _local_sum(self, key: Key, values: list):
         """One array holding the sum over this rank's devices (engine ops)."""
-        if len(values) == 1:
+        if len(values) == 1 or values[0].size == 0:
             return values[0]
         first = values[0]
         buf = self._merge.get(key)
         if buf is None or buf.context != first.context:
             buf = self._merge[key] = mx.nd.empty(first.shape, ctx=first.context,
                                                  dtype=first.dtype)
-        mx.nd.add_n(*[v.as_in_context(first.context) for v in values], out=buf)
+        legacy = [_legacy_view(v).as_in_context(first.context) for v in values]
+        mx.nd.add_n(*legacy, out=_legacy_view(buf))
         return buf
 
     @staticmethod
     def _fan_out(src, outs: list) -> None:
+        if src.size == 0:  # nothing to copy; legacy MXNet rejects empty copies
+            return
         for o in outs:
             if o is not src:
-                src.copyto(o)
+                _legacy_view(src).copyto(_legacy_view(o))
 
     def _route(self, key: Key, arr) -> dict:
         """Communicator, chain variable and executor for a collective on `key`."""
