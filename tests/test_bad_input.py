@@ -1,0 +1,101 @@
+"""Bad input raises MPIKVStoreError with a message naming the problem, and the
+store keeps working afterwards: in this process (a world of size 1) and on
+2 real MPI ranks, where both ranks must raise the same error and a later
+collective must still complete (no rank left stuck in an unmatched one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from mpirun import run_mpi
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import bad_input  # noqa: E402
+
+CASES = {name: (i, words, fn) for i, (name, words, fn) in enumerate(bad_input.CASES)}
+CASE_PARAMS = list(CASES)
+
+
+@pytest.fixture(scope="module")
+def kv():
+    import mxnet as mx
+
+    import mxnet_mpi
+    store = mx.kv.create("mpi")
+    assert (mxnet_mpi.rank(), mxnet_mpi.size()) == (0, 1)
+    return store
+
+
+@pytest.mark.parametrize("name", CASE_PARAMS)
+def test_bad_input_in_process(kv, name):
+    import mxnet as mx
+
+    import mxnet_mpi
+    count, words, fn = CASES[name]
+    e = bad_input.run_case(kv, fn)
+    assert isinstance(e, mxnet_mpi.MPIKVStoreError), "%s raised %r" % (name, e)
+    assert isinstance(e, mx.base.MXNetError) and isinstance(e, ValueError)
+    missing = [w for w in words if w not in str(e)]
+    assert not missing, "message %r lacks %r" % (str(e), missing)
+    assert bad_input.store_still_works(kv, 0, 1, name, count) == ""
+
+
+def test_unknown_mode_lists_valid_modes(monkeypatch):
+    import mxnet as mx
+
+    import mxnet_mpi
+    monkeypatch.setenv("MXNET_MPI_MODE", "bogus")
+    with pytest.raises(mxnet_mpi.MPIKVStoreError) as info:
+        mx.kv.create("mpi")
+    for mode in mxnet_mpi.MODES:
+        assert mode in str(info.value)
+    # a store named with its mode ignores the variable
+    assert mx.kv.create("mpi_" + mxnet_mpi.DEFAULT_MODE).mode == mxnet_mpi.DEFAULT_MODE
+    monkeypatch.setenv("MXNET_MPI_MODE", mxnet_mpi.DEFAULT_MODE)
+    assert mx.kv.create("mpi").mode == mxnet_mpi.DEFAULT_MODE
+
+
+_mpi_run: dict = {}
+
+
+def mpi_results(tmp_path_factory) -> list:
+    if not _mpi_run:
+        out = tmp_path_factory.mktemp("bad_input_np2")
+        proc = run_mpi("bad_input.py", 2, str(out), timeout=180)
+        ranks = []
+        for r in range(2):
+            path = out / ("rank%d.json" % r)
+            assert path.exists(), "rank %d wrote no results\n%s" % (r, proc.stdout[-4000:])
+            ranks.append(json.loads(path.read_text()))
+        _mpi_run["ranks"] = ranks
+    return _mpi_run["ranks"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", CASE_PARAMS)
+def test_bad_input_two_ranks(name, tmp_path_factory):
+    ranks = mpi_results(tmp_path_factory)
+    for res in ranks:
+        assert res["size"] == 2
+        case = {c["name"]: c for c in res["cases"]}[name]
+        assert case["is_mpikv"], "rank %d: %s raised %s: %s" % (
+            res["rank"], name, case["type"], case["message"])
+        assert case["is_mxnet"] and case["is_value"]
+        missing = [w for w in case["words"] if w not in case["message"]]
+        assert not missing, "rank %d: message %r lacks %r" % (res["rank"], case["message"],
+                                                              missing)
+        assert case["same_on_all_ranks"], "rank %d: ranks raised different errors" % res["rank"]
+        assert case["after"] == "", "rank %d: %s" % (res["rank"], case["after"])
+
+
+@pytest.mark.timeout(120)
+def test_uncaught_exception_on_one_rank_aborts_the_job(tmp_path):
+    """Rank 1 dies with an exception while rank 0 waits in a collective: the
+    job must end with an error, not hang."""
+    proc = run_mpi("abort_one_rank.py", 2, timeout=90, check=False)
+    assert proc.returncode != 0
+    assert "rank 1 raised RuntimeError; aborting the MPI job" in proc.stderr, proc.stderr[-3000:]
+    assert "rank 0 finished" not in proc.stdout

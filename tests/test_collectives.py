@@ -1,0 +1,95 @@
+"""Exact collective results on 1, 2 and 3 real MPI ranks, for every dtype.
+
+One mpirun launch per (store, rank count) runs every section of
+scripts/collectives_exact.py (importing MXNet costs seconds per launch);
+each section is then reported as its own test. The default store 'mpi' runs
+on 1, 2 and 3 ranks, and on 2 ranks with MXNet's synchronous NaiveEngine;
+every other registered mode ('mpi_<mode>') on 2 and 3 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mpirun import run_mpi
+
+import mxnet_mpi
+
+RANK_COUNTS = (1, 2, 3)
+# (store, ranks, MXNET_ENGINE_TYPE or "" for MXNet's default)
+DEFAULT_RUNS = [("mpi", n, "") for n in RANK_COUNTS]
+MODE_RUNS = [("mpi_" + m, n, "") for m in mxnet_mpi.MODES if m != mxnet_mpi.DEFAULT_MODE
+             for n in (2, 3)]
+ALL_RUNS = DEFAULT_RUNS + [("mpi", 2, "NaiveEngine")] + MODE_RUNS
+
+SECTIONS = (
+    "world", "pushpull_inplace", "pushpull_out", "pushpull_out_list", "pushpull_devices",
+    "key_lists", "repeat_key", "broadcast", "init_pull", "push_pull", "large",
+    "views_contexts_keys", "lowlevel",
+    "two_stores", "random_bitwise", "np_arrays",
+    # 0-d and empty legacy arrays through every copy path; per-device mx.np lists
+    "legacy_empty_out_list", "legacy_empty_devices", "legacy_empty_broadcast",
+    "legacy_empty_init_pull", "legacy_empty_push_pull", "np_devices",
+)
+
+
+_runs: dict = {}
+
+
+def results(store: str, np_: int, engine: str, tmp_path_factory) -> list:
+    """Per-rank results of one launch (run once, then cached)."""
+    if (store, np_, engine) not in _runs:
+        out = tmp_path_factory.mktemp("collectives_%s_np%d%s" % (store, np_, engine))
+        env = {"MXMPI_TEST_STORE": store}
+        if engine:
+            env["MXNET_ENGINE_TYPE"] = engine
+        proc = run_mpi("collectives_exact.py", np_, str(out), timeout=240, env=env)
+        ranks = []
+        for r in range(np_):
+            path = out / ("rank%d.json" % r)
+            assert path.exists(), "rank %d wrote no results\n%s" % (r, proc.stdout[-4000:])
+            ranks.append(json.loads(path.read_text()))
+        _runs[store, np_, engine] = ranks
+    return _runs[store, np_, engine]
+
+
+def assert_section_ok(store: str, np_: int, engine: str, section: str,
+                      tmp_path_factory) -> None:
+    ranks = results(store, np_, engine, tmp_path_factory)
+    problems = []
+    for res in ranks:
+        assert res["size"] == np_
+        got = res["sections"].get(section)
+        assert got is not None, "rank %d did not run section %s" % (res["rank"], section)
+        if got["status"] != "OK":
+            problems.append("rank %d: %s %s (%d mismatches)" % (
+                res["rank"], got["error"] or "", got["failures"][:5], got["n_failures"]))
+    assert not problems, "section %s of %s on %d ranks %s:\n%s" % (
+        section, store, np_, engine, "\n".join(problems))
+
+
+def run_id(run) -> str:
+    return "%s-np%d" % run[:2] + ("-" + run[2] if run[2] else "")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("run", ALL_RUNS, ids=run_id)
+def test_collective_section(run, section, tmp_path_factory):
+    assert_section_ok(*run, section, tmp_path_factory)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("run", ALL_RUNS, ids=run_id)
+def test_every_rank_ran_every_section(run, tmp_path_factory):
+    ranks = results(*run, tmp_path_factory)
+    assert sorted(r["rank"] for r in ranks) == list(range(run[1]))
+    wanted = set(SECTIONS)
+    for res in ranks:
+        assert set(res["sections"]) == wanted
+    # a section fails or passes alike on every rank: no rank saw other inputs
+    for section in wanted:
+        statuses = {r["sections"][section]["status"] for r in ranks}
+        errors = {r["sections"][section]["error"] for r in ranks}
+        assert len(statuses) == 1 and len(errors) == 1, (section, statuses, errors)

@@ -1,0 +1,12 @@
+"""Hypothesis-driven call sequences against a numpy model (see the script)."""
+
+import pytest
+from mpirun import run_mpi
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+@pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
+def test_fuzzed_calls_match_model(mode, nranks):
+    proc = run_mpi("fuzz_store.py", nranks, mode, "150", timeout=240)
+    assert proc.stdout.count("FUZZ_OK") == nranks
+    assert "150 examples" in proc.stdout
