@@ -47,3 +47,11 @@ def test_unknown_mode_in_environment_is_a_clear_error():
     assert proc.returncode != 0
     assert "unknown mxnet_mpi mode 'bogus'" in proc.stderr
     assert "chained, funneled, concurrent" in proc.stderr
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_stress_thousands_of_collectives(mode, nranks):
+    """No hang (run_mpi's timeout fails the test) and exact sums, every mode."""
+    proc = run_mpi("stress.py", nranks, mode, "2000", "200", timeout=240)
+    assert proc.stdout.count("STRESS_OK") == nranks
