@@ -13,6 +13,7 @@
 #include "health.h"
 #include "owner_thread.h"
 #include "request.h"
+#include "timeline.h"
 
 #define MXMPI_API extern "C" __attribute__((visibility("default")))
 
@@ -59,6 +60,7 @@ struct OpParam {
   bool sync = false;
   Executor* exec = nullptr;
   uint64_t ticket = 0;
+  int64_t t_enqueue = 0;
 };
 
 void DeleteOpParam(void* p) {
@@ -97,6 +99,8 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   r.comm = param.comm;
   r.name = param.name;
   r.on_complete = *static_cast<mxnet::engine::CallbackOnComplete*>(on_complete);
+  r.t_enqueue = param.t_enqueue;
+  if (g_timeline_on) r.t_ready = NowUs();
   if (param.sync) r.done = std::make_shared<std::promise<void>>();
   void* in_ptr = nullptr;
   void* out_ptr = nullptr;
@@ -272,6 +276,7 @@ MXMPI_API int mxmpi_push(int op, NDArrayHandle in, NDArrayHandle out, NDArrayHan
   param->name = name ? name : "";
   param->sync = sync != 0;
   param->exec = exec;
+  if (g_timeline_on) param->t_enqueue = NowUs();
   if (MXShallowCopyNDArray(out, &param->out) != 0 ||
       (in != out && MXShallowCopyNDArray(in, &param->in) != 0)) {
     std::string msg = MXGetLastError();
@@ -339,4 +344,16 @@ MXMPI_API int mxmpi_executor_free(int id) {
   }
   if (exec) exec->Stop();
   return 0;
+}
+
+// Starts recording the timeline (MXNET_MPI_TIMELINE).
+MXMPI_API int mxmpi_timeline_start() {
+  g_timeline_on = true;
+  return 0;
+}
+
+// Writes the events recorded so far as Chrome-trace JSON.
+MXMPI_API int mxmpi_timeline_dump(const char* path, int rank) {
+  std::string err = TimelineDump(path, rank);
+  return err.empty() ? 0 : Fail(err);
 }

@@ -6,6 +6,7 @@
 
 #include "health.h"
 #include "request.h"
+#include "timeline.h"
 
 namespace mxnet_mpi {
 namespace {
@@ -62,6 +63,7 @@ int DTypeSize(int dtype) {
 
 void Complete(const Request& r, const std::string& err) {
   FlightEnd(r.flight);
+  TimelineRecord(r, err.empty());
   if (err.empty()) {
     r.on_complete();
   } else {

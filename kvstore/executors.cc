@@ -1,6 +1,7 @@
 #include "executors.h"
 
 #include "health.h"
+#include "timeline.h"
 
 #include <chrono>
 #include <cstring>
@@ -22,7 +23,10 @@ std::string CheckAndRun(const Request& r) {
 }  // namespace
 
 void ChainedExecutor::Ready(uint64_t, Request r) {
-  thread_.Post([r] { Complete(r, CheckAndRun(r)); });
+  thread_.Post([r]() mutable {
+    r.t_start = NowUs();
+    Complete(r, CheckAndRun(r));
+  });
 }
 
 // ---------------------------------------------------------------- funneled
@@ -99,6 +103,8 @@ void FunneledExecutor::Loop() {
 }
 
 void FunneledExecutor::RunAgreed(std::vector<Request>* agreed) {
+  const int64_t now = NowUs();
+  for (Request& r : *agreed) r.t_start = now;
   std::vector<Request*> group;
   size_t group_bytes = 0;
   auto flush = [&] {
@@ -177,6 +183,7 @@ ConcurrentExecutor::~ConcurrentExecutor() { Stop(); }
 void ConcurrentExecutor::Ready(uint64_t, Request r) {
   InFlight f;
   f.r = std::move(r);
+  f.r.t_start = NowUs();
   const std::string err = StartNonBlocking(f.r, &f.reqs);
   if (!err.empty() || f.reqs.empty()) {
     Complete(f.r, err);

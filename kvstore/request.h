@@ -35,6 +35,8 @@ struct Request {
   std::shared_ptr<std::promise<void>> done;
   std::string error;  // set if the op could not even read its arrays
   uint64_t flight = 0;  // in-flight record (health.h)
+  // timeline (timeline.h), microseconds since the epoch
+  int64_t t_enqueue = 0, t_ready = 0, t_start = 0;
 };
 
 // Signals the engine (with an error if `err` is not empty).

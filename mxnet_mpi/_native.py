@@ -43,6 +43,8 @@ def _load() -> ctypes.CDLL:
                                i, i, i, i, ctypes.c_char_p, i, i]
     lib.mxmpi_executor_create.argtypes = [i, i, ctypes.c_int64, i, pi]
     lib.mxmpi_executor_free.argtypes = [i]
+    lib.mxmpi_timeline_start.argtypes = []
+    lib.mxmpi_timeline_dump.argtypes = [ctypes.c_char_p, i]
     return lib
 
 

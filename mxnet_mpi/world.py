@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import mxnet as mx
 
+from . import timeline
 from ._native import LIB, check
 
 THREAD_SERIALIZED = 2
@@ -90,6 +91,8 @@ def init() -> Communicator:
                              "MXNET_MPI_STALL_WARN_S (%g)" % (abort, warn))
         LIB.mxmpi_configure(int(_setting("MXNET_MPI_CHECK_SIGNATURES")), warn, abort,
                             _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
+        if timeline.requested():
+            timeline.start()
         out = [ctypes.c_int() for _ in range(5)]
         check(LIB.mxmpi_init(THREAD_MULTIPLE, *[ctypes.byref(o) for o in out]))
         provided, rank, size, local_rank, local_size = (o.value for o in out)
@@ -114,6 +117,8 @@ def finalize() -> None:
         if _state.world is None:
             return
         mx.nd.waitall()
+        if timeline.requested():
+            timeline.dump(timeline.requested(), _state.world.rank)
         LIB.mxmpi_finalize()
         _state.world = None
         from . import modes

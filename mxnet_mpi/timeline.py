@@ -1,0 +1,54 @@
+"""Chrome-trace timeline of collectives (open in Perfetto or about:tracing).
+
+Set ``MXNET_MPI_TIMELINE=trace.json``: each rank records, per collective, when
+it was pushed, when its inputs became ready, and when MPI ran it, and writes
+``trace.rank<R>.json`` when MPI is finalised (or call ``dump``). Timestamps use
+the clock of MXNet's profiler (microseconds since the epoch), so ``merge``
+can put both traces on one time axis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ._native import LIB, check
+
+ENV_VAR = "MXNET_MPI_TIMELINE"
+
+
+def rank_path(path: str, rank: int) -> str:
+    """``trace.json`` -> ``trace.rank3.json`` (or fills a ``{rank}`` field)."""
+    if "{rank}" in path:
+        return path.format(rank=rank)
+    p = Path(path)
+    return str(p.with_name("%s.rank%d%s" % (p.stem, rank, p.suffix or ".json")))
+
+
+def start() -> None:
+    """Start recording (done at MPI initialisation when $MXNET_MPI_TIMELINE is set)."""
+    LIB.mxmpi_timeline_start()
+
+
+def dump(path: str, rank: int) -> str:
+    """Write this rank's events so far; returns the file written."""
+    out = rank_path(path, rank)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    check(LIB.mxmpi_timeline_dump(out.encode(), rank))
+    return out
+
+
+def requested() -> str | None:
+    return os.environ.get(ENV_VAR) or None
+
+
+def merge(paths: list, out: str) -> None:
+    """Concatenate Chrome traces (e.g. ours and MXNet's profiler output) into one."""
+    events = []
+    for p in paths:
+        with open(p) as f:
+            data = json.load(f)
+        events.extend(data["traceEvents"] if isinstance(data, dict) else data)
+    with open(out, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
