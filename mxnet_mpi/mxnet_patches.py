@@ -136,8 +136,24 @@ def _patch_module() -> None:
             kvstore.broadcast(name, arg_params[name], out=param_on_devs, priority=-idx)
         return None
 
+    orig_update = module_mod._update_params
+
+    @functools.wraps(orig_update)
+    def _update_params(param_arrays, grad_arrays, updater, num_device, kvstore=None,
+                       param_names=None):
+        if not isinstance(kvstore, MPIKVStore):
+            return orig_update(param_arrays, grad_arrays, updater, num_device, kvstore,
+                               param_names)
+        # Last parameter first: the order backprop makes gradients ready.
+        for index in reversed(range(len(grad_arrays))):
+            if grad_arrays[index][0] is not None:
+                kvstore.pushpull(param_names[index], grad_arrays[index], priority=-index)
+        # then MXNet's own local update, on the reduced gradients
+        return orig_update(param_arrays, grad_arrays, updater, num_device, None, param_names)
+
     Module.init_optimizer = init_optimizer
     module_mod._initialize_kvstore = _initialize_kvstore
+    module_mod._update_params = _update_params
     module_mod._create_kvstore = _patched_create_kvstore(module_mod._create_kvstore)
 
 
