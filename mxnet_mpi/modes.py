@@ -27,6 +27,7 @@ import mxnet as mx
 
 from . import _native
 from .errors import MPIKVStoreError
+from .settings import env_number
 from .world import THREAD_MULTIPLE, Communicator, thread_level
 
 MODES = ("chained", "funneled", "concurrent")
@@ -54,17 +55,6 @@ def resolve(name: str | None) -> str:
     return mode
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, str(default))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise MPIKVStoreError("%s must be an integer, got %r" % (name, raw)) from None
-    if value < 0:
-        raise MPIKVStoreError("%s must be >= 0, got %d" % (name, value))
-    return value
-
-
 def create_executor(mode: str, comm: Communicator) -> int:
     """A native executor for `mode` over `comm` (collective for 'funneled')."""
     if mode == "concurrent" and thread_level() < THREAD_MULTIPLE:
@@ -73,8 +63,8 @@ def create_executor(mode: str, comm: Communicator) -> int:
             "%d; use mode 'funneled' or 'chained' (MXNET_MPI_MODE)" % thread_level())
     out = ctypes.c_int()
     _native.check(_native.LIB.mxmpi_executor_create(
-        _KINDS[mode], comm.id, _env_int(FUSION_ENV, 2 << 20), _env_int(CYCLE_ENV, 200),
-        ctypes.byref(out)))
+        _KINDS[mode], comm.id, env_number(FUSION_ENV, 2 << 20, int),
+        env_number(CYCLE_ENV, 200, int), ctypes.byref(out)))
     return out.value
 
 

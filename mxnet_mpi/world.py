@@ -18,6 +18,7 @@ import mxnet as mx
 
 from . import timeline
 from ._native import LIB, check
+from .settings import env_number
 
 THREAD_SERIALIZED = 2
 THREAD_MULTIPLE = 3
@@ -33,16 +34,7 @@ SETTINGS = {
 
 
 def _setting(name: str) -> float:
-    raw = os.environ.get(name)
-    if raw is None:
-        return SETTINGS[name]
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("mxnet_mpi: %s must be a number, got %r" % (name, raw)) from None
-    if value < 0:
-        raise ValueError("mxnet_mpi: %s must be >= 0, got %r" % (name, raw))
-    return value
+    return env_number(name, SETTINGS[name])
 
 
 @dataclass(frozen=True)
