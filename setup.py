@@ -34,6 +34,7 @@ class MpiBuildExt(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         import mxnet.libinfo
+        import mxnet.runtime
 
         mx_inc = mxnet.libinfo.find_include_path()
         mx_lib = Path(mxnet.libinfo.find_lib_path()[0])
@@ -46,6 +47,9 @@ class MpiBuildExt(build_ext):
                  "-fvisibility=hidden",
                  "-DMSHADOW_USE_MKL=0", "-DMSHADOW_USE_CBLAS=0", "-DMSHADOW_USE_CUDA=0",
                  "-DDMLC_LOG_STACK_TRACE=0", "-I" + mx_inc, "-I" + str(HERE / "kvstore")]
+        # oneDNN layouts (kvstore/onednn.cc) exist only in MKLDNN builds of MXNet.
+        mkldnn = mxnet.runtime.Features().is_enabled("MKLDNN")
+        flags += ["-DMXNET_USE_MKLDNN=%d" % mkldnn, "-I" + str(Path(mx_inc) / "mkldnn")]
         objs = []
         for src in ext.sources:
             obj = build_tmp / (Path(src).stem + ".o")

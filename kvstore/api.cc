@@ -11,6 +11,7 @@
 
 #include "executors.h"
 #include "health.h"
+#include "onednn.h"
 #include "owner_thread.h"
 #include "request.h"
 #include "timeline.h"
@@ -102,17 +103,14 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   r.t_enqueue = param.t_enqueue;
   if (g_timeline_on) r.t_ready = NowUs();
   if (param.sync) r.done = std::make_shared<std::promise<void>>();
-  void* in_ptr = nullptr;
-  void* out_ptr = nullptr;
-  if (r.count > 0 &&
-      (MXNDArrayGetData(param.in, &in_ptr) != 0 || MXNDArrayGetData(param.out, &out_ptr) != 0)) {
-    // Still hand it over so ticketed executors stay in step; it fails there.
-    r.error = std::string("mxnet_mpi: cannot read array data: ") + MXGetLastError();
-    param.exec->Ready(param.ticket, r);
-    return;
+  if (r.count > 0) {
+    PlainData data = GetPlainData(param.in, param.out, r.count * DTypeSize(r.dtype));
+    // On error still hand it over, so ticketed executors stay in step; it fails there.
+    r.error = data.error;
+    r.in = data.in;
+    r.out = data.out;
+    r.keep = data.keep;
   }
-  r.in = in_ptr;
-  r.out = out_ptr;
   r.flight = FlightBegin(r.name);
   std::shared_ptr<std::promise<void>> done = r.done;
   param.exec->Ready(param.ticket, std::move(r));

@@ -34,6 +34,7 @@ struct Request {
   // Set when the engine needs completion before the op returns (NaiveEngine).
   std::shared_ptr<std::promise<void>> done;
   std::string error;  // set if the op could not even read its arrays
+  std::shared_ptr<void> keep;  // buffers that must outlive the MPI call
   uint64_t flight = 0;  // in-flight record (health.h)
   // timeline (timeline.h), microseconds since the epoch
   int64_t t_enqueue = 0, t_ready = 0, t_start = 0;
