@@ -1,14 +1,16 @@
 """mxnet_mpi: MPI KVStores embedded in MXNet's dependency engine.
 
-``import mxnet_mpi`` registers the stores ``mpi`` and ``mpi_<mode>`` with
+``import mxnet_mpi`` registers the stores ``mpi`` and ``mpi_<mode>`` (and the
+hybrid MPI + parameter-server stores ``dist_sync_mpi``/``dist_async_mpi``) with
 MXNet, so ``gluon.Trainer(..., kvstore='mpi')`` and
 ``Module.fit(..., kvstore='mpi')`` work under ``mpirun``. MPI itself is
 initialised on first use.
 """
 
-from . import mxnet_patches, stores
+from . import hybrid, mxnet_patches, stores
 from .collectives import SUPPORTED_DTYPES, allreduce_, broadcast_
 from .errors import MPIKVStoreError
+from .hybrid import HybridKVStore
 from .kvstore import MPIKVStore
 from .modes import DEFAULT_MODE, MODES
 from .world import finalize, init, local_rank, local_size, rank, size, world
@@ -16,8 +18,9 @@ from .world import finalize, init, local_rank, local_size, rank, size, world
 mxnet_patches.apply()
 
 __all__ = [
-    "DEFAULT_MODE", "MODES", "MPIKVStore", "MPIKVStoreError", "SUPPORTED_DTYPES",
+    "DEFAULT_MODE", "MODES", "HybridKVStore", "MPIKVStore", "MPIKVStoreError",
+    "SUPPORTED_DTYPES",
     "allreduce_", "broadcast_", "finalize", "init", "local_rank", "local_size", "rank",
-    "size", "stores", "world",
+    "hybrid", "size", "stores", "world",
 ]
 __version__ = "0.1.0"

@@ -82,8 +82,13 @@ def _patch_trainer() -> None:
         kv = resolve(kvstore)
         if kv is None:
             return
+        sparse_ok = getattr(kv, "supports_sparse", False)
+        if sparse_ok:
+            # MXNet's sparse-gradient branch of _init_kvstore rejects any class but its
+            # own KVStore; a store with supports_sparse routes row_sparse gradients itself.
+            self._contains_sparse_grad = False
         for p in self._params:
-            if p._stype != "default" or p._grad_stype != "default":
+            if not sparse_ok and (p._stype != "default" or p._grad_stype != "default"):
                 raise MPIKVStoreError(
                     "Parameter %s has %s weight / %s gradient storage; kvstore '%s' "
                     "supports dense parameters only%s"
@@ -100,9 +105,19 @@ def _patch_trainer() -> None:
         else:
             orig_allreduce(self)
 
+    orig_sparse_create = trainer_mod._create_sparse_kvstore
+
+    @functools.wraps(orig_sparse_create)
+    def _create_sparse_kvstore(kvstore):
+        # row_sparse weights: only stores with supports_sparse get this far.
+        if isinstance(kvstore, MPIKVStore):
+            return kvstore, True
+        return orig_sparse_create(kvstore)
+
     Trainer.__init__ = __init__
     Trainer._allreduce_grads = _allreduce_grads
     trainer_mod._create_kvstore = _patched_create_kvstore(trainer_mod._create_kvstore)
+    trainer_mod._create_sparse_kvstore = _create_sparse_kvstore
 
 
 def _patch_module() -> None:

@@ -1,0 +1,286 @@
+"""Launch a hybrid job: ps-lite scheduler and servers here, workers under mpirun.
+
+    python -m mxnet_mpi.launch -n 4 --groups 2 --servers 1 -- python train.py ...
+
+starts MXNet's scheduler and ``--servers`` servers on this machine, then
+``mpirun -np N`` (the one next to this Python, ``--oversubscribe``, output
+tagged ``[job,rank]``) with every ``DMLC_*`` variable and
+``MXNET_MPI_GROUP_SIZE = N / groups`` set (and exported with ``-x`` so that
+``--hostfile`` hosts get them too). The training script uses
+``kvstore='dist_sync_mpi'`` or ``'dist_async_mpi'``. ``--servers 0`` runs pure
+MPI (no ps-lite, for ``kvstore='mpi'``).
+
+Every child runs in its own session. When mpirun succeeds, the servers get a
+few seconds to stop by themselves (they do once the workers closed their
+stores) and are then stopped. When any process fails, or on SIGINT/SIGTERM,
+everything is torn down (SIGTERM, then SIGKILL to every process left in the
+children's sessions) and the launcher exits non-zero.
+
+With ``--hostfile`` the ranks run where mpirun places them; the scheduler and
+the servers still run here, at ``--ps-host`` (default: this host's address),
+which the other hosts must reach; workers there find their own address
+(set ``DMLC_INTERFACE`` if they pick the wrong interface).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .hybrid import ROUTES, expected_ps_workers
+
+PREFIX = "mxnet_mpi.launch: "
+# Run a command with SIGTERM as its parent-death signal (PR_SET_PDEATHSIG survives
+# exec): if the launcher is killed outright, its children still get a signal.
+_WRAP = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15); "
+         "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def log(msg: str) -> None:
+    """One line on stderr, prefixed with the launcher's name."""
+    sys.stderr.write(PREFIX + msg + "\n")
+    sys.stderr.flush()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def mpirun_path() -> str:
+    """The mpirun next to this Python (the venv's Open MPI), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpirun"
+    return str(local) if local.exists() else "mpirun"
+
+
+def _session_members(sid: int) -> list:
+    """PIDs of the processes in session `sid` (from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry))
+    return pids
+
+
+class Child:
+    """A child process in its own session, with optional prefixed output."""
+
+    def __init__(self, name: str, cmd: list, env: dict, prefix_output: bool) -> None:
+        self.name = name
+        out = subprocess.PIPE if prefix_output else None
+        wrapped = [sys.executable, "-S", "-c", _WRAP, *cmd] if sys.platform == "linux" else cmd
+        self.proc = subprocess.Popen(wrapped, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT if prefix_output else None,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+        self.thread = None
+        if prefix_output:
+            self.thread = threading.Thread(target=self._forward, daemon=True)
+            self.thread.start()
+
+    def _forward(self) -> None:
+        for raw in iter(self.proc.stdout.readline, b""):
+            try:
+                sys.stdout.write("[%s] %s" % (self.name, raw.decode(errors="replace")))
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass   # our stdout is gone: keep draining, or the child blocks on write
+
+    def poll(self) -> int | None:
+        """The exit status, or None while running."""
+        return self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the child's process group (ignore if gone)."""
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill_session(self) -> None:
+        """SIGKILL every process still in the child's session (mpirun's ranks
+        run in process groups of their own, but in its session)."""
+        for pid in _session_members(self.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.signal(signal.SIGKILL)
+
+
+def teardown(children: list, grace: float) -> None:
+    """SIGTERM every child, wait up to `grace` seconds, SIGKILL what is left."""
+    for c in children:
+        if c.poll() is None:
+            c.signal(signal.SIGTERM)   # mpirun forwards it to the ranks
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        time.sleep(0.1)
+    for c in children:
+        c.kill_session()
+        try:
+            c.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log("%s (pid %d) did not die" % (c.name, c.pid))
+    for c in children:
+        if c.thread is not None:
+            c.thread.join(timeout=2)
+
+
+def parse_args(argv: list) -> argparse.Namespace:
+    """The launcher's options; exits with status 2 on bad ones."""
+    ap = argparse.ArgumentParser(
+        prog="python -m mxnet_mpi.launch",
+        description="Run ps-lite scheduler/servers here and the MPI workers under mpirun.",
+        epilog="Example: python -m mxnet_mpi.launch -n 4 --groups 2 --servers 1 -- "
+               "python train.py --kvstore dist_sync_mpi")
+    ap.add_argument("-n", "--np", dest="n", type=int, required=True, help="MPI ranks")
+    ap.add_argument("--groups", type=int, default=1,
+                    help="MPI groups (MXNET_MPI_GROUP_SIZE = n / groups); default 1")
+    ap.add_argument("--servers", type=int, default=1,
+                    help="ps-lite servers; 0 = pure MPI, no scheduler or servers")
+    ap.add_argument("--route", choices=ROUTES, default="leader",
+                    help="who talks to the servers: group leaders (DMLC_NUM_WORKER = groups) "
+                         "or every rank for a shard of keys (dist_async_mpi only)")
+    ap.add_argument("--hostfile", help="passed to mpirun; scheduler and servers stay here")
+    ap.add_argument("--ps-host", help="address of the scheduler (default 127.0.0.1, or this "
+                                      "host's address with --hostfile)")
+    ap.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
+    ap.add_argument("--mpirun-arg", action="append", default=[],
+                    help="extra argument for mpirun (repeatable)")
+    ap.add_argument("--grace", type=float, default=10.0,
+                    help="seconds the servers get to stop after the workers, and every "
+                         "process gets after SIGTERM, before SIGKILL")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+    args = ap.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        ap.error("no command given (put it after --)")
+    if args.n <= 0 or args.groups <= 0 or args.servers < 0:
+        ap.error("-n and --groups must be > 0 and --servers >= 0")
+    if args.n % args.groups:
+        ap.error("--groups %d does not divide -n %d" % (args.groups, args.n))
+    return args
+
+
+def job_env(args: argparse.Namespace) -> tuple:
+    """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
+    env = dict(os.environ)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    exported = {"MXNET_MPI_GROUP_SIZE": str(args.n // args.groups),
+                "MXNET_MPI_HYBRID_ROUTE": args.route}
+    ps_env = None
+    if args.servers:
+        host = args.ps_host or (socket.gethostbyname(socket.gethostname()) if args.hostfile
+                                else "127.0.0.1")
+        num_workers = expected_ps_workers(args.route, args.n, args.groups)
+        base = {"DMLC_PS_ROOT_URI": host,
+                "DMLC_PS_ROOT_PORT": str(args.port or free_port(host)),
+                "DMLC_NUM_SERVER": str(args.servers), "DMLC_NUM_WORKER": str(num_workers)}
+        exported.update(base)
+        exported["DMLC_ROLE"] = "worker"
+        if not args.hostfile:
+            exported["DMLC_NODE_HOST"] = host
+        ps_env = {**env, **base, "DMLC_NODE_HOST": host}
+    else:
+        for name in list(env):
+            if name.startswith("DMLC_"):   # a stale ps-lite set-up must not leak in
+                del env[name]
+    env.update(exported)
+    return env, ps_env, sorted(exported)
+
+
+def main(argv: list | None = None) -> int:
+    """Run the job; return the exit status (non-zero if any process failed)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    env, ps_env, exported = job_env(args)
+    children: list = []
+    stopping = {"signal": 0}
+
+    def on_signal(signum, frame):
+        stopping["signal"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if ps_env is not None:
+            log("ps-lite scheduler at %s:%s, %d server(s), DMLC_NUM_WORKER=%s"
+                % (ps_env["DMLC_PS_ROOT_URI"], ps_env["DMLC_PS_ROOT_PORT"], args.servers,
+                   ps_env["DMLC_NUM_WORKER"]))
+            # Importing mxnet with DMLC_ROLE=scheduler/server runs that role.
+            for i, role in enumerate(["scheduler"] + ["server"] * args.servers):
+                name = role if role == "scheduler" else "server %d" % (i - 1)
+                children.append(Child(name, [sys.executable, "-c", "import mxnet"],
+                                      {**ps_env, "DMLC_ROLE": role}, prefix_output=True))
+        cmd = [mpirun_path(), "-np", str(args.n), "--oversubscribe", "--output", "tag"]
+        for name in exported:
+            cmd += ["-x", name]
+        if args.hostfile:
+            cmd += ["--hostfile", args.hostfile]
+        cmd += args.mpirun_arg + args.command
+        mpirun = Child("mpirun", cmd, env, prefix_output=False)
+        children.append(mpirun)
+        log("pids: %s" % " ".join("%s=%d" % (c.name.replace(" ", ""), c.pid)
+                                  for c in children))
+        log("%d rank(s) in %d group(s) of %s" % (args.n, args.groups,
+                                                 env["MXNET_MPI_GROUP_SIZE"]))
+        return _supervise(children, mpirun, args.grace, stopping)
+    finally:
+        teardown(children, args.grace)   # idempotent; also after an error while starting
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> int:
+    servers = [c for c in children if c is not mpirun]
+    while True:
+        if stopping["signal"]:
+            log("got %s: stopping every process" % signal.Signals(stopping["signal"]).name)
+            teardown(children, grace)
+            return 128 + stopping["signal"]
+        rc = mpirun.poll()
+        if rc is not None:
+            if rc != 0:
+                log("mpirun exited with status %d: stopping the scheduler and servers" % rc)
+                teardown(children, grace)
+                return rc
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(c.poll() is None for c in servers):
+                time.sleep(0.1)
+            left = [c.name for c in servers if c.poll() is None]
+            if left:
+                log("workers done; stopping %s" % ", ".join(left))
+            teardown(children, grace)
+            failed = [c for c in servers if c.poll() not in (0, -signal.SIGTERM,
+                                                             -signal.SIGKILL)]
+            for c in failed:
+                log("%s exited with status %s" % (c.name, c.poll()))
+            return 1 if failed else 0
+        for c in servers:
+            crc = c.poll()
+            if crc is not None and crc != 0:
+                log("%s exited with status %d: stopping every process" % (c.name, crc))
+                teardown(children, grace)
+                return crc if crc > 0 else 128 - crc
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

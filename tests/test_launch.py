@@ -1,0 +1,79 @@
+"""`python -m mxnet_mpi.launch`: ps-lite scheduler/servers plus mpirun workers in one
+command, and no process left behind when a worker fails or the launcher is stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from launching import pids_of, port_of, processes_with_port, run, start, stop, wait_gone
+from mpirun import ROOT, SCRIPTS, mpi_env
+
+PROBE = [sys.executable, str(SCRIPTS / "launch_probe.py")]
+
+
+def test_worker_error_tears_everything_down():
+    # 4 ranks in 2 groups: two ps-lite workers (the leaders); rank 1 (not a
+    # leader) raises once the parameter server is up and in use.
+    proc = run(4, 2, 1, PROBE + ["--mode", "fail", "--fail-rank", "1"], check=False)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert "rank 1 fails on purpose" in out
+    # The failing rank got past a world barrier after a push/pull through the
+    # server: every process of the job was up and connected when it failed.
+    assert "READY rank 1 " in out and "sum [4.0, 4.0, 4.0, 4.0]" in out, out[-3000:]
+    assert "mpirun exited with status" in out
+    port, pids = port_of(out), pids_of(out)
+    assert set(pids) == {"scheduler", "server0", "mpirun"}
+    assert wait_gone(port, timeout=10) == []
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)   # gone (reaped by the launcher)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_tears_everything_down(sig):
+    proc = start(2, 1, 1, PROBE + ["--mode", "sleep"])
+    lines = []
+    try:
+        for line in proc.stdout:      # wait until both ranks hold the store
+            lines.append(line)
+            if sum("READY" in ln for ln in lines) == 2:
+                break
+        assert sum("sum [2.0, 2.0, 2.0, 2.0]" in ln for ln in lines) == 2, "".join(lines)[-3000:]
+        port = port_of("".join(lines))
+        assert len(processes_with_port(port)) >= 4   # scheduler, server, 2 ranks (+ mpirun)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    except BaseException:
+        stop(proc)
+        raise
+    out = "".join(lines) + out
+    assert proc.returncode == 128 + sig, out[-3000:]
+    assert "got %s" % sig.name in out
+    assert wait_gone(port, timeout=10) == []
+
+
+def test_servers_zero_is_pure_mpi():
+    proc = run(2, 2, 0, PROBE + ["--mode", "mpi"], env={"DMLC_PS_ROOT_PORT": "1"})
+    sums = [ln for ln in proc.stdout.splitlines() if "SUM" in ln]
+    assert len(sums) == 2, proc.stdout[-3000:]
+    for ln in sums:
+        # allreduce over both ranks; group size n/groups; no ps-lite variables
+        assert "SUM [3.0, 3.0, 3.0] GROUP_SIZE 1 DMLC_VARS []" in ln, ln
+    assert "scheduler" not in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "4", "--groups", "3", "--", "true"], "--groups 3 does not divide -n 4"),
+    (["-n", "2", "--"], "no command given"),
+])
+def test_bad_arguments(args, message):
+    proc = subprocess.run([sys.executable, "-m", "mxnet_mpi.launch", *args],
+                          capture_output=True, text=True, timeout=120, cwd=str(ROOT),
+                          env=mpi_env())
+    assert proc.returncode == 2
+    assert message in proc.stderr
