@@ -7,7 +7,7 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: run test build venv lint bench clean
+.PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap data
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -36,3 +36,19 @@ lint: build
 
 clean:
 	rm -rf build *.egg-info mxnet_mpi/*.so $(VENV)/.built
+
+# Benchmarks (tables on stdout; CSV + PNG in benchmarks/results/). Extra options:
+# make bench-allreduce BENCH_ARGS=--quick. Horovod rows need benchmarks/setup_horovod.sh.
+bench-allreduce: build
+	$(PY) benchmarks/allreduce.py --np $(NP) $(BENCH_ARGS)
+
+bench-epoch: build
+	$(PY) benchmarks/epoch_time.py $(BENCH_ARGS)
+
+bench-overlap: build
+	$(PY) benchmarks/overlap.py --np $(NP) $(BENCH_ARGS)
+
+# Small generated datasets for the examples (nothing downloaded).
+data: build
+	$(PY) examples/make_imagenet_rec.py --out data/imagenet-small
+	$(PY) examples/make_cifar10.py --out data

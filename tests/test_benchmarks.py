@@ -1,0 +1,69 @@
+"""benchmarks/allreduce.py --quick runs every contender and reports every size;
+benchmarks/epoch_time.py runs end to end on a tiny configuration.
+
+Each contender checks one allreduce result before timing (a wrong sum fails
+the run), so a complete CSV also means every store summed correctly.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+
+from mpirun import ROOT, mpi_env
+
+QUICK_SIZES = {4 << 10, 64 << 10, 1 << 20}
+
+
+def horovod_installed() -> bool:
+    return importlib.util.find_spec("horovod") is not None
+
+
+def test_allreduce_quick_csv_complete(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "allreduce.py"), "--quick",
+                           "--outdir", str(tmp_path)], env=mpi_env(), cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    print(proc.stdout[proc.stdout.find("allreduce of float32"):])
+    with open(tmp_path / "allreduce.csv") as f:
+        rows = list(csv.DictReader(f))
+    stores = {"mpi_chained", "mpi_funneled", "mpi_concurrent", "mpi4py", "dist_sync"}
+    if horovod_installed():
+        stores.add("horovod")
+    got = {(int(r["bytes"]), r["store"]) for r in rows}
+    assert got == {(b, s) for b in QUICK_SIZES for s in stores}
+    assert len(rows) == len(got)   # one row per (size, store)
+    for r in rows:
+        assert int(r["ranks"]) == 2 and int(r["reps"]) >= 1
+        assert float(r["time_us"]) > 0 and float(r["busbw_GBps"]) > 0
+        assert r["vs_mpi4py"] != ""          # every row has the raw-MPI reference
+        assert (r["vs_horovod"] != "") == horovod_installed()
+    assert (tmp_path / "allreduce.png").stat().st_size > 0
+    assert "horovod is not installed" in proc.stdout or horovod_installed()
+
+
+def test_epoch_time_smoke(tmp_path):
+    """benchmarks/epoch_time.py end to end on a tiny configuration: a row per
+    (kvstore, ranks) with throughput, projection and scaling efficiency."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "epoch_time.py"),
+                           "--ranks", "2", "--stores", "single,mpi_chained,dist_sync",
+                           "--steps", "3", "--timing-skip", "1", "--image-size", "32",
+                           "--batch", "4", "--classes", "10", "--outdir", str(tmp_path)],
+                          env=mpi_env(), cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    print(proc.stdout[proc.stdout.find("resnet18_v1"):])
+    assert "PROJECTION" in proc.stdout
+    with open(tmp_path / "epoch_time.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["store"], int(r["ranks"])) for r in rows] == [
+        ("single", 1), ("mpi_chained", 2), ("dist_sync", 2)]
+    for r in rows:
+        ips = float(r["images_per_sec"])
+        assert ips > 0 and int(r["timed_steps"]) == 2
+        assert abs(float(r["projected_imagenet_epoch_h"]) * 3600 * ips - 1281167) < 1
+        assert abs(float(r["scaling_efficiency"]) * int(r["ranks"]) * float(rows[0][
+            "images_per_sec"]) - ips) < 1e-6 * ips
+    assert (tmp_path / "epoch_time.png").stat().st_size > 0
