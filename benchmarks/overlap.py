@@ -14,6 +14,12 @@ on a real gluoncv model:
 
 overlap fraction of a mode = (t_baseline - t_mode) / t_comm_<mode>: 0 means
 nothing hidden, 1 means all communication hidden behind compute.
+
+comm during backprop (from the timeline, MXNET_MPI_TIMELINE's recorder): the
+share of the step's MPI time that ran before the step's last gradient was
+ready, i.e. while backprop was still running. It shows whether the schedule
+overlaps, whatever the hardware makes of it (on a machine whose cores are all
+busy computing, overlapped communication still competes with compute).
 """
 
 from __future__ import annotations
@@ -53,8 +59,11 @@ def worker(args: argparse.Namespace) -> None:
     from mxnet import autograd, gluon
 
     import mxnet_mpi
+    from mxnet_mpi import timeline
 
     rank = mxnet_mpi.rank()
+    timeline.start()
+    windows = {}
     net = get_model(args.model, classes=100)
     net.initialize(mx.init.Xavier())
     net.hybridize(static_alloc=True, static_shape=True)
@@ -65,21 +74,31 @@ def worker(args: argparse.Namespace) -> None:
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
     stores = {m: mx.kv.create("mpi_" + m) for m in MODES}
 
-    def fwd_bwd():
+    probe_kv = mx.kv.create("mpi_concurrent")  # no global chain: ready = input ready
+    probe_out = {}
+
+    def fwd_bwd(probe: bool = False):
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
+        if probe:
+            # Reads the first layer's gradient, the last one backprop makes:
+            # its "ready" time in the timeline marks the end of backprop.
+            g0 = params[0].grad()
+            out = probe_out.setdefault("o", mx.nd.zeros(g0.shape))
+            probe_kv.pushpull("probe", g0, out=out)
 
-    def timed(step_fn) -> float:
+    def timed(step_fn, name: str = "") -> float:
         for _ in range(args.warmup):
             step_fn()
             mx.nd.waitall()
         stores["chained"].pushpull("barrier", mx.nd.zeros((1,)))
         mx.nd.waitall()
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time() * 1e6
         for _ in range(args.steps):
             step_fn()
         mx.nd.waitall()
+        windows[name] = (w0, time.time() * 1e6)
         return (time.perf_counter() - t0) / args.steps
 
     results = {}
@@ -96,22 +115,51 @@ def worker(args: argparse.Namespace) -> None:
         results["comm_" + m] = timed(comm)
 
     def baseline():
-        fwd_bwd()
+        fwd_bwd(probe=True)
         mx.nd.waitall()  # backward done before any communication starts
         for i in reversed(range(len(grads))):
             stores["chained"].pushpull("g%d" % i, params[i].grad(), priority=-i)
         local.step(args.batch)
-    results["baseline"] = timed(baseline)
+    results["baseline"] = timed(baseline, "baseline")
 
     for m in MODES:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
                                 kvstore=stores[m])
-        results[m] = timed(lambda trainer=trainer: (fwd_bwd(), trainer.step(args.batch)))
+        results[m] = timed(lambda trainer=trainer: (fwd_bwd(True), trainer.step(args.batch)), m)
 
     nbytes = sum(p.grad().size * 4 for p in params)
+    trace = timeline.dump(args.worker_json + ".trace.json", rank)
+    hidden = comm_during_backprop(trace, windows)
     if rank == 0:
         with open(args.worker_json, "w") as f:
-            json.dump({"times": results, "grad_bytes": nbytes, "nparams": len(params)}, f)
+            json.dump({"times": results, "hidden": hidden, "grad_bytes": nbytes,
+                       "nparams": len(params)}, f)
+
+
+def comm_during_backprop(trace: str, windows: dict) -> dict:
+    """Per timed configuration: the share of MPI time spent while backprop was
+    still running, i.e. between the push of the step's collectives and the
+    moment the last gradient was ready (the probe collective's ready time)."""
+    with open(trace) as f:
+        events = [dict(e["args"], name=e["name"]) for e in json.load(f)["traceEvents"]
+                  if e.get("cat") == "collective"]
+    out = {}
+    for config, (w0, w1) in windows.items():
+        evs = [e for e in events if w0 <= e["enqueue_us"] <= w1]
+        probes = sorted((e for e in evs if "key='probe'" in e["name"]),
+                        key=lambda e: e["enqueue_us"])
+        if not probes:
+            continue
+        busy = hidden = 0.0
+        for e in evs:
+            if "key='probe'" in e["name"] or e["enqueue_us"] < probes[0]["enqueue_us"]:
+                continue
+            step = [p for p in probes if p["enqueue_us"] <= e["enqueue_us"]][-1]
+            lo, hi = step["enqueue_us"], step["ready_us"]
+            busy += e["end_us"] - e["start_us"]
+            hidden += max(0.0, min(e["end_us"], hi) - max(e["start_us"], lo))
+        out[config] = hidden / busy if busy else None
+    return out
 
 
 # ----------------------------------------------------------------- driver side
@@ -136,7 +184,9 @@ def drive(args: argparse.Namespace) -> None:
             mode = name if name in MODES else None
             frac = ((t["baseline"] - secs) / t["comm_" + mode]) if mode else None
             rows.append({"transport": transport, "config": name, "ms_per_step": secs * 1e3,
-                         "overlap_fraction": frac, "grad_MB": res["grad_bytes"] / 2**20})
+                         "overlap_fraction": frac,
+                         "comm_during_backprop": res["hidden"].get(name),
+                         "grad_MB": res["grad_bytes"] / 2**20})
     write_outputs(rows, outdir, args)
 
 
@@ -148,10 +198,14 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace) -> None:
     print("\n%s, %d ranks, batch %d/rank, %dx%d images, %.1f MB of gradients"
           % (args.model, args.np, args.batch, args.image_size, args.image_size,
              rows[0]["grad_MB"]))
-    print("%-9s %-18s %12s %18s" % ("transport", "config", "ms/step", "overlap fraction"))
+    print("%-9s %-16s %9s %17s %21s" % ("transport", "config", "ms/step", "overlap fraction",
+                                          "comm during backprop"))
     for r in rows:
         frac = "" if r["overlap_fraction"] is None else "%.2f" % r["overlap_fraction"]
-        print("%-9s %-18s %12.1f %18s" % (r["transport"], r["config"], r["ms_per_step"], frac))
+        hid = "" if r["comm_during_backprop"] is None else "%.0f%%" % (
+            100 * r["comm_during_backprop"])
+        print("%-9s %-16s %9.1f %17s %21s" % (r["transport"], r["config"], r["ms_per_step"],
+                                              frac, hid))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -236,11 +236,11 @@ void ConcurrentExecutor::Loop() {
         ++i;
       }
     }
-    // Testing drives MPI's progress; back off a little when nothing moves so
-    // the progress thread does not take a whole core from compute.
+    // Open MPI's non-blocking collectives advance only while tested: poll
+    // while any is in flight (as a blocking collective would), yielding the
+    // core to compute threads between tests.
     idle_passes = progressed ? 0 : idle_passes + 1;
-    if (idle_passes > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    else if (idle_passes > 0) std::this_thread::yield();
+    if (idle_passes > 0) std::this_thread::yield();
   }
 }
 

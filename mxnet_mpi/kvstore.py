@@ -75,8 +75,8 @@ class MPIKVStore(KVStoreBase):
     def __init__(self, mode: str | None = None, comm: Communicator | None = None) -> None:
         """`comm`: the ranks to reduce over (default: the whole MPI world);
         the store duplicates it, so no other traffic can match its own."""
-        self._mode = modes.resolve(mode if mode is not None else self.fixed_mode)
         world = init_world()
+        self._mode = modes.resolve(mode if mode is not None else self.fixed_mode)
         self._comm = (comm if comm is not None else world).dup()
         self._executor = modes.create_executor(self._mode, self._comm)
         self._key_comms: dict[Key, object] = {}   # concurrent: a communicator per key

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import warnings
 
 import mxnet as mx
 
@@ -31,7 +32,9 @@ from .settings import env_number
 from .world import THREAD_MULTIPLE, Communicator, thread_level
 
 MODES = ("chained", "funneled", "concurrent")
-DEFAULT_MODE = "chained"
+# Measured best by benchmarks/overlap.py (README); it needs MPI_THREAD_MULTIPLE.
+DEFAULT_MODE = "concurrent"
+FALLBACK_MODE = "chained"
 ENV_VAR = "MXNET_MPI_MODE"
 FUSION_ENV = "MXNET_MPI_FUSION_BYTES"      # funneled: fuse allreduces up to this size
 CYCLE_ENV = "MXNET_MPI_CYCLE_US"           # funneled: wait after an empty agreement
@@ -45,8 +48,16 @@ _chain_lock = threading.Lock()
 
 
 def resolve(name: str | None) -> str:
-    """The mode to use: `name` if given, else $MXNET_MPI_MODE, else the default."""
-    mode = name if name is not None else os.environ.get(ENV_VAR, DEFAULT_MODE)
+    """The mode to use: `name` if given, else $MXNET_MPI_MODE, else the default
+    (which falls back to chained, with a warning, without MPI_THREAD_MULTIPLE)."""
+    if name is None and ENV_VAR not in os.environ:
+        if DEFAULT_MODE == "concurrent" and thread_level() < THREAD_MULTIPLE:
+            warnings.warn("mxnet_mpi: this MPI provides no MPI_THREAD_MULTIPLE, which the "
+                          "default mode 'concurrent' needs; using mode '%s'" % FALLBACK_MODE,
+                          stacklevel=3)
+            return FALLBACK_MODE
+        return DEFAULT_MODE
+    mode = name if name is not None else os.environ[ENV_VAR]
     mode = mode.strip().lower()
     if mode not in MODES:
         raise MPIKVStoreError("unknown mxnet_mpi mode %r (from %s); choose one of %s"

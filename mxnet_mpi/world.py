@@ -85,6 +85,11 @@ def init() -> Communicator:
                             _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
         if timeline.requested():
             timeline.start()
+        # Open MPI's default non-blocking allreduce (what mode 'concurrent' uses)
+        # is ~2.5x slower than its blocking one for large arrays here; reduce-
+        # scatter + allgather (Rabenseifner) matches it (benchmarks/allreduce.py).
+        # Read by MPI_Init; the user's own setting wins.
+        os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
         out = [ctypes.c_int() for _ in range(5)]
         check(LIB.mxmpi_init(THREAD_MULTIPLE, *[ctypes.byref(o) for o in out]))
         provided, rank, size, local_rank, local_size = (o.value for o in out)
