@@ -34,17 +34,17 @@ time divided by theirs: < 1 is faster than them).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from mxnet_mpi.launch import parameter_server
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -241,36 +241,9 @@ def run_mpi_job(args, kind: str, out_json: Path) -> None:
     run_group([cmd], [base_env()], args.timeout)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def parameter_server(num_workers: int):
-    """A ps-lite scheduler and server on 127.0.0.1; yields the workers' env."""
-    dmlc = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
-            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(num_workers),
-            "DMLC_NODE_HOST": "127.0.0.1", "PS_VERBOSE": "0"}
-    procs = []
-    try:
-        for role in ("scheduler", "server"):
-            # Importing mxnet with DMLC_ROLE=scheduler/server runs that role.
-            procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"],
-                                          env=dict(base_env(), **dmlc, DMLC_ROLE=role),
-                                          cwd=str(ROOT), start_new_session=True))
-        yield dict(base_env(), **dmlc, DMLC_ROLE="worker")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
 def run_dist_sync(args, out_json: Path) -> None:
     print("running: ps-lite scheduler + 1 server + %d dist_sync workers" % args.np, flush=True)
-    with parameter_server(args.np) as env:
+    with parameter_server(args.np, env=base_env(), cwd=str(ROOT)) as env:
         cmd = worker_args(args, "dist_sync", out_json)
         run_group([cmd] * args.np, [env] * args.np, args.timeout)
 

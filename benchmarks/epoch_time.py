@@ -23,17 +23,17 @@ OMP_NUM_THREADS=1 (--omp-threads); more ranks than cores are oversubscribed
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import importlib.util
 import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from mxnet_mpi.launch import parameter_server
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -102,39 +102,13 @@ def run(cmds: list, envs: list, timeout: float) -> str:
     raise SystemExit("no RESULT line in:\n" + "\n".join(o[-2000:] for o in outs))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def parameter_server(args, num_workers: int):
-    """A ps-lite scheduler and server on 127.0.0.1; yields the workers' env."""
-    dmlc = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
-            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(num_workers),
-            "DMLC_NODE_HOST": "127.0.0.1", "PS_VERBOSE": "0"}
-    procs = []
-    try:
-        for role in ("scheduler", "server"):
-            procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"],
-                                          env=env_for(args, dict(dmlc, DMLC_ROLE=role)),
-                                          cwd=str(ROOT), start_new_session=True))
-        yield env_for(args, dict(dmlc, DMLC_ROLE="worker"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
 def measure(args, store: str, n: int) -> dict:
     py = sys.executable
     mpirun = str(Path(py).parent / "mpirun")
     if store == "single":
         out = run([[py, *train_args(args, "none")]], [env_for(args)], args.timeout)
     elif store == "dist_sync":
-        with parameter_server(args, n) as env:
+        with parameter_server(n, env=env_for(args), cwd=str(ROOT)) as env:
             out = run([[py, *train_args(args, "dist_sync")]] * n, [env] * n, args.timeout)
     else:
         kv = "horovod" if store == "horovod" else store

@@ -25,6 +25,7 @@ which the other hosts must reach; workers there find their own address
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -54,6 +55,33 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def parameter_server(num_workers: int, num_servers: int = 1, env: dict | None = None,
+                     host: str = "127.0.0.1", cwd: str | None = None):
+    """Run a ps-lite scheduler and `num_servers` servers here for the duration
+    of the block; yields the environment for `num_workers` workers (based on
+    `env`, default os.environ). Every process is killed on exit, whatever
+    happened (for tests and benchmarks; jobs use ``main``)."""
+    base = dict(os.environ if env is None else env)
+    dmlc = {"DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": str(free_port(host)),
+            "DMLC_NUM_SERVER": str(num_servers), "DMLC_NUM_WORKER": str(num_workers),
+            "DMLC_NODE_HOST": host, "PS_VERBOSE": "0"}
+    procs = []
+    try:
+        for role in ["scheduler"] + ["server"] * num_servers:
+            # Importing mxnet with DMLC_ROLE=scheduler/server runs that role.
+            procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"],
+                                          env={**base, **dmlc, "DMLC_ROLE": role}, cwd=cwd,
+                                          start_new_session=True, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        yield {**base, **dmlc, "DMLC_ROLE": "worker"}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def mpirun_path() -> str:

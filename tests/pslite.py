@@ -5,43 +5,20 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 from mpirun import ROOT, mpi_env
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mxnet_mpi import launch
 
 
 @contextlib.contextmanager
 def parameter_server(num_workers: int, num_servers: int = 1):
-    """Run a scheduler and `num_servers` servers; yield the env for workers.
-
-    Every process is killed on exit, whatever happened."""
-    base = {
-        "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
-        "DMLC_NUM_SERVER": str(num_servers), "DMLC_NUM_WORKER": str(num_workers),
-        "DMLC_NODE_HOST": "127.0.0.1", "PS_VERBOSE": "0",
-    }
-    procs = []
-    try:
-        for role in ["scheduler"] + ["server"] * num_servers:
-            env = mpi_env({**base, "DMLC_ROLE": role})
-            # Importing mxnet with DMLC_ROLE=scheduler/server runs that role.
-            procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"], env=env,
-                                          cwd=str(ROOT), start_new_session=True,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        yield {**base, "DMLC_ROLE": "worker"}
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    """Run a scheduler and `num_servers` servers; yield the env for workers."""
+    with launch.parameter_server(num_workers, num_servers, env=mpi_env(),
+                                 cwd=str(ROOT)) as env:
+        yield env
 
 
 def run_workers(script: str, n: int, args: list, env: dict, timeout: float = 180) -> list:
