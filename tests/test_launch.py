@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from launching import pids_of, port_of, processes_with_port, run, start, stop, wait_gone
@@ -32,6 +33,32 @@ def test_worker_error_tears_everything_down():
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)   # gone (reaped by the launcher)
+
+
+def test_killed_rank_tears_everything_down_fast():
+    """A rank killed outright (SIGKILL: no exception hook, no MPI_Abort) still
+    brings the whole job down, non-zero, within 30 s, leaving nothing behind."""
+    proc = start(2, 1, 1, PROBE + ["--mode", "kill", "--fail-rank", "1"])
+    lines = []
+    try:
+        for line in proc.stdout:      # rank 1 kills itself right after READY
+            lines.append(line)
+            if "READY rank 1 " in line:
+                break
+        t_killed = time.time()
+        out, _ = proc.communicate(timeout=60)
+    except BaseException:
+        stop(proc)
+        raise
+    took = time.time() - t_killed
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out[-3000:]
+    assert took < 30, took
+    port, pids = port_of(out), pids_of(out)
+    assert wait_gone(port, timeout=10) == []
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

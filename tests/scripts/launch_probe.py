@@ -2,6 +2,7 @@
 
   --mode fail    create a dist_sync_mpi store (ps-lite is live), then rank
                  FAIL_RANK raises
+  --mode kill    the same, but rank FAIL_RANK dies by SIGKILL
   --mode sleep   create the store, print READY, sleep (the test signals the launcher)
   --mode mpi     pure MPI (launch --servers 0): allreduce with kvstore 'mpi' and
                  print what the launcher set up
@@ -9,6 +10,7 @@
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -17,7 +19,7 @@ import mxnet as mx
 import mxnet_mpi
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--mode", choices=("fail", "sleep", "mpi"), required=True)
+ap.add_argument("--mode", choices=("fail", "kill", "sleep", "mpi"), required=True)
 ap.add_argument("--fail-rank", type=int, default=1)
 args = ap.parse_args()
 
@@ -41,8 +43,10 @@ mxnet_mpi.allreduce_(barrier, barrier, mxnet_mpi.world())
 barrier.asnumpy()   # every rank got here: ps-lite is up and in use everywhere
 print("READY rank %d pid %d ps_worker %s sum %s" % (rank, os.getpid(), kv.is_ps_worker, total),
       flush=True)
-if args.mode == "fail":
+if args.mode in ("fail", "kill"):
     if rank == args.fail_rank:
+        if args.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError("rank %d fails on purpose" % rank)
     time.sleep(120)     # the launcher must not wait for this
 else:
