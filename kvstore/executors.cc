@@ -132,7 +132,8 @@ void FunneledExecutor::RunAgreed(std::vector<Request>* agreed) {
   }
   for (Request& r : *agreed) {
     const size_t bytes = static_cast<size_t>(r.count) * DTypeSize(r.dtype);
-    const bool fusable = r.op == OpKind::kAllreduce && bytes > 0 && bytes <= fusion_bytes_;
+    const bool fusable = r.op == OpKind::kAllreduce && bytes > 0 && bytes <= fusion_bytes_ &&
+                         r.error.empty();  // no data to pack: RunBlocking reports it
     if (!fusable) {
       flush();
       Complete(r, RunBlocking(r));

@@ -18,6 +18,7 @@ import mxnet as mx
 
 from . import timeline
 from ._native import LIB, check
+from .errors import MPIKVStoreError
 from .settings import env_number
 
 THREAD_SERIALIZED = 2
@@ -79,8 +80,8 @@ def init() -> Communicator:
             return _state.world
         warn, abort = _setting("MXNET_MPI_STALL_WARN_S"), _setting("MXNET_MPI_STALL_ABORT_S")
         if abort < warn:
-            raise ValueError("mxnet_mpi: MXNET_MPI_STALL_ABORT_S (%g) must be >= "
-                             "MXNET_MPI_STALL_WARN_S (%g)" % (abort, warn))
+            raise MPIKVStoreError("MXNET_MPI_STALL_ABORT_S (%g) must be >= "
+                                  "MXNET_MPI_STALL_WARN_S (%g)" % (abort, warn))
         LIB.mxmpi_configure(int(_setting("MXNET_MPI_CHECK_SIGNATURES")), warn, abort,
                             _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
         if timeline.requested():
