@@ -29,23 +29,8 @@ void ChainedExecutor::Ready(uint64_t, Request r) {
   });
 }
 
-// ---------------------------------------------------------------- funneled
-FunneledExecutor::FunneledExecutor(MPI_Comm negotiation, size_t fusion_bytes, int cycle_us)
-    : negotiation_(negotiation), fusion_bytes_(fusion_bytes), cycle_us_(cycle_us) {
-  thread_ = std::thread(&FunneledExecutor::Loop, this);
-}
-
-FunneledExecutor::~FunneledExecutor() { Stop(); }
-
-void FunneledExecutor::Ready(uint64_t ticket, Request r) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ready_.emplace(ticket, std::move(r));
-  }
-  cv_.notify_one();
-}
-
-void FunneledExecutor::Stop() {
+// ---------------------------------------------------------------- loop base
+void LoopExecutor::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
@@ -53,6 +38,20 @@ void FunneledExecutor::Stop() {
   }
   cv_.notify_one();
   if (thread_.joinable()) thread_.join();
+}
+
+// ---------------------------------------------------------------- funneled
+FunneledExecutor::FunneledExecutor(MPI_Comm negotiation, size_t fusion_bytes, int cycle_us)
+    : negotiation_(negotiation), fusion_bytes_(fusion_bytes), cycle_us_(cycle_us) {
+  StartLoop();
+}
+
+void FunneledExecutor::Ready(uint64_t ticket, Request r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.emplace(ticket, std::move(r));
+  }
+  cv_.notify_one();
 }
 
 void FunneledExecutor::Loop() {
@@ -175,12 +174,6 @@ void FunneledExecutor::RunFused(std::vector<Request*>& group) {
 }
 
 // ---------------------------------------------------------------- concurrent
-ConcurrentExecutor::ConcurrentExecutor() {
-  thread_ = std::thread(&ConcurrentExecutor::Loop, this);
-}
-
-ConcurrentExecutor::~ConcurrentExecutor() { Stop(); }
-
 void ConcurrentExecutor::Ready(uint64_t, Request r) {
   InFlight f;
   f.r = std::move(r);
@@ -195,16 +188,6 @@ void ConcurrentExecutor::Ready(uint64_t, Request r) {
     incoming_.push_back(std::move(f));
   }
   cv_.notify_one();
-}
-
-void ConcurrentExecutor::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
-  cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
 }
 
 void ConcurrentExecutor::Loop() {

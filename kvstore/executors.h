@@ -41,22 +41,40 @@ class ChainedExecutor : public Executor {
   OwnerThread thread_;
 };
 
+// An executor with one thread running Loop(); Stop() asks it to drain and
+// joins it. Subclasses start the thread at the end of their constructor.
+class LoopExecutor : public Executor {
+ public:
+  // Derived destructors call Stop() first: Loop() must not outlive them.
+  void Stop() override;
+
+ protected:
+  virtual void Loop() = 0;
+  void StartLoop() { thread_ = std::thread([this] { Loop(); }); }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+
+ private:
+  std::thread thread_;
+};
+
 // One thread owns the communicator. Each cycle it agrees with its peers on
 // which tickets are ready everywhere (a bitwise-AND allreduce of a bitmask
 // over a window of tickets), then runs exactly those, in ticket order, fusing
 // consecutive allreduces of one dtype into one buffer.
-class FunneledExecutor : public Executor {
+class FunneledExecutor : public LoopExecutor {
  public:
   FunneledExecutor(MPI_Comm negotiation, size_t fusion_bytes, int cycle_us);
-  ~FunneledExecutor() override;
+  ~FunneledExecutor() override { Stop(); }
   uint64_t Ticket() override { return next_ticket_++; }
   void Ready(uint64_t ticket, Request r) override;
-  void Stop() override;
 
   static constexpr int kWindow = 4096;  // tickets per negotiation
 
  private:
-  void Loop();
+  void Loop() override;
   void RunAgreed(std::vector<Request>* agreed);
   void RunFused(std::vector<Request*>& group);
 
@@ -65,37 +83,28 @@ class FunneledExecutor : public Executor {
   int cycle_us_;
   std::atomic<uint64_t> next_ticket_{0};
   uint64_t base_ = 0;                  // lowest ticket not yet run (same on all ranks)
-  std::mutex mu_;
-  std::condition_variable cv_;
   std::map<uint64_t, Request> ready_;  // ticket -> request, ready locally
-  bool stop_ = false;
   std::vector<char> fusion_;
-  std::thread thread_;
 };
 
 // Non-blocking collectives issued straight from engine threads (needs
 // MPI_THREAD_MULTIPLE); each key has its own communicator, so collectives of
 // different keys never match each other whatever order ranks issue them in.
 // A progress thread tests outstanding requests and signals the engine.
-class ConcurrentExecutor : public Executor {
+class ConcurrentExecutor : public LoopExecutor {
  public:
-  ConcurrentExecutor();
-  ~ConcurrentExecutor() override;
+  ConcurrentExecutor() { StartLoop(); }
+  ~ConcurrentExecutor() override { Stop(); }
   void Ready(uint64_t, Request r) override;
-  void Stop() override;
 
  private:
   struct InFlight {
     std::vector<MPI_Request> reqs;
     Request r;
   };
-  void Loop();
+  void Loop() override;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<InFlight> incoming_;
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 }  // namespace mxnet_mpi
