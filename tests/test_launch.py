@@ -94,6 +94,20 @@ def test_servers_zero_is_pure_mpi():
     assert "scheduler" not in proc.stdout
 
 
+def test_hostfile_on_localhost(tmp_path):
+    """--hostfile goes to mpirun (multi-machine use); here it lists this host."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    proc = run(2, 2, 0, PROBE + ["--mode", "mpi"], "--hostfile", str(hostfile),
+               "--ps-host", "127.0.0.1", env={"DMLC_PS_ROOT_PORT": "1"})
+    sums = [ln for ln in proc.stdout.splitlines() if "SUM" in ln]
+    assert len(sums) == 2 and all("SUM [3.0, 3.0, 3.0]" in ln for ln in sums), proc.stdout
+    # and it really is mpirun's hostfile: a missing one makes mpirun fail
+    bad = run(2, 2, 0, PROBE + ["--mode", "mpi"], "--hostfile", str(tmp_path / "missing"),
+              "--ps-host", "127.0.0.1", check=False)
+    assert bad.returncode != 0 and "mpirun exited with status" in bad.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["-n", "4", "--groups", "3", "--", "true"], "--groups 3 does not divide -n 4"),
     (["-n", "2", "--"], "no command given"),
