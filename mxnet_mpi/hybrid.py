@@ -49,7 +49,15 @@ from mxnet.kvstore import KVStoreBase
 
 from .collectives import allreduce_, broadcast_
 from .errors import MPIKVStoreError
-from .kvstore import MPIKVStore, _as_list, _check_key, _group
+from .kvstore import (
+    MPIKVStore,
+    _as_list,
+    _broadcast_groups,
+    _check_key,
+    _check_optimizer,
+    _group,
+    on_deferred_init,
+)
 from .world import Communicator, local_size
 from .world import init as init_world
 
@@ -465,12 +473,7 @@ class HybridKVStore(MPIKVStore):
         """World rank 0's `value` into `out` on every rank; also the servers'
         initial value of `key` (as MXNet's dist stores do)."""
         keys, vals = [], []
-        for k, values, outs in _group(key, value, out):
-            if outs is None:
-                raise MPIKVStoreError("broadcast needs `out` for key %r" % (k,))
-            if len(values) != 1:
-                raise MPIKVStoreError("broadcast takes one value per key, got %d for key %r"
-                                      % (len(values), k))
+        for k, values, outs in _broadcast_groups(key, value, out):
             if outs[0] is not values[0]:
                 values[0].copyto(outs[0])
             keys.append(k)
@@ -506,9 +509,7 @@ class HybridKVStore(MPIKVStore):
     def set_optimizer(self, optimizer) -> None:
         """Send `optimizer` to the servers (once, from world rank 0); every rank
         waits until it is there, so no push can reach a server before it."""
-        if not isinstance(optimizer, mx.optimizer.Optimizer):
-            raise MPIKVStoreError("set_optimizer expects an mx.optimizer.Optimizer, got %s"
-                                  % type(optimizer).__name__)
+        _check_optimizer(optimizer)
         self._optimizer = optimizer
         if self._world.rank == 0:
             self._dist.set_optimizer(optimizer)
@@ -529,23 +530,13 @@ class HybridKVStore(MPIKVStore):
         keys, vals = [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
-                self._init_on_deferred(idx, param)
+                on_deferred_init(param, lambda arrays, idx=idx, param=param: self._server_init(
+                    [idx], [self._spread_initial(idx, arrays, _is_sparse(param))]))
             else:
                 keys.append(idx)
                 vals.append(self._spread_initial(idx, param._check_and_get(param._data, list),
                                                  _is_sparse(param)))
         self._server_init(keys, vals)
-
-    def _init_on_deferred(self, idx: int, param) -> None:
-        init_impl = param._init_impl
-
-        def hooked(data, ctx_list):
-            init_impl(data, ctx_list)
-            del param._init_impl  # back to the class method
-            arrays = param._check_and_get(param._data, list)
-            self._server_init([idx], [self._spread_initial(idx, arrays, _is_sparse(param))])
-
-        param._init_impl = hooked
 
     def allreduce_params(self, params, update_on_kvstore: bool) -> None:
         """Trainer's step, in phases that keep every MPI collective of the step

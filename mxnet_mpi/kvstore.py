@@ -62,6 +62,37 @@ def _check_key(key) -> None:
                               % (key, type(key).__name__))
 
 
+def _broadcast_groups(key, value, out) -> list:
+    """_group() for broadcast: every key needs `out` and exactly one value."""
+    groups = _group(key, value, out)
+    for k, values, outs in groups:
+        if outs is None:
+            raise MPIKVStoreError("broadcast needs `out` for key %r" % (k,))
+        if len(values) != 1:
+            raise MPIKVStoreError("broadcast takes one value per key, got %d for key %r"
+                                  % (len(values), k))
+    return groups
+
+
+def _check_optimizer(optimizer) -> None:
+    if not isinstance(optimizer, mx.optimizer.Optimizer):
+        raise MPIKVStoreError("set_optimizer expects an mx.optimizer.Optimizer, got %s"
+                              % type(optimizer).__name__)
+
+
+def on_deferred_init(param, fn) -> None:
+    """Call fn(arrays) once the deferred-init Gluon `param` gets its arrays
+    (during the first forward, before any op reads them)."""
+    init_impl = param._init_impl
+
+    def hooked(data, ctx_list):
+        init_impl(data, ctx_list)
+        del param._init_impl  # back to the class method
+        fn(param._check_and_get(param._data, list))
+
+    param._init_impl = hooked
+
+
 class MPIKVStore(KVStoreBase):
     """Data-parallel KVStore over MPI whose collectives are nodes of MXNet's engine.
 
@@ -211,12 +242,7 @@ class MPIKVStore(KVStoreBase):
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Copy rank 0's `value` into `out` (an array or list) on every rank."""
-        for k, values, outs in _group(key, value, out):
-            if outs is None:
-                raise MPIKVStoreError("broadcast needs `out` for key %r" % (k,))
-            if len(values) != 1:
-                raise MPIKVStoreError("broadcast takes one value per key, got %d for key %r"
-                                      % (len(values), k))
+        for k, values, outs in _broadcast_groups(key, value, out):
             self._check_values(k, values, outs)
             self._broadcast(k, values[0], outs[0], priority)
             self._fan_out(outs[0], outs[1:])
@@ -290,9 +316,7 @@ class MPIKVStore(KVStoreBase):
     def set_optimizer(self, optimizer) -> None:
         """Apply `optimizer` locally on every rank to values pushed with push();
         every rank holds identical weights, so no server is needed."""
-        if not isinstance(optimizer, mx.optimizer.Optimizer):
-            raise MPIKVStoreError("set_optimizer expects an mx.optimizer.Optimizer, got %s"
-                                  % type(optimizer).__name__)
+        _check_optimizer(optimizer)
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
 
@@ -320,21 +344,11 @@ class MPIKVStore(KVStoreBase):
         so every rank computes its first gradient on the same weights."""
         for idx, param in enumerate(params):
             if param._deferred_init:
-                self._broadcast_on_init(idx, param)
+                on_deferred_init(param, lambda arrays, idx=idx: self.broadcast(
+                    idx, arrays[0], out=arrays))
             else:
                 arrays = param._check_and_get(param._data, list)
                 self.broadcast(idx, arrays[0], out=arrays)
-
-    def _broadcast_on_init(self, idx: int, param) -> None:
-        init_impl = param._init_impl
-
-        def hooked(data, ctx_list):
-            init_impl(data, ctx_list)
-            del param._init_impl  # back to the class method
-            arrays = param._check_and_get(param._data, list)
-            self.broadcast(idx, arrays[0], out=arrays)
-
-        param._init_impl = hooked
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool) -> None:
         """Trainer's gradient reduction, issued last parameter first: backprop
