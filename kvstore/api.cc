@@ -1,19 +1,24 @@
-// C API loaded by mxnet_mpi/_native.py with ctypes: MPI world and
-// communicator management, and pushing collectives into MXNet's engine.
+// C API loaded by mxnet_mpi/_native.py with ctypes: the MPI world and its
+// communicators, stores, pushing collectives, join, and the end of the job.
 #include <mxnet/c_api.h>
 #include <mxnet/engine.h>
+#include <stdlib.h>
+#include <unistd.h>
 
-#include <cstdlib>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "executors.h"
+#include "engine_ops.h"
 #include "health.h"
-#include "onednn.h"
 #include "owner_thread.h"
-#include "request.h"
+#include "store.h"
 #include "timeline.h"
 
 #define MXMPI_API extern "C" __attribute__((visibility("default")))
@@ -22,17 +27,32 @@ namespace mxnet_mpi {
 namespace {
 
 thread_local std::string g_last_error;
-OwnerThread g_owner;
+// Heap objects never destroyed: a forked child that exits must not run the
+// destructors of threads that only exist in its parent.
+OwnerThread& g_owner = *new OwnerThread();
 std::mutex g_comms_mu;
 std::vector<MPI_Comm> g_comms;  // id -> communicator; 0 is the world
 bool g_we_initialized = false;
-std::mutex g_exec_mu;
-std::vector<std::unique_ptr<Executor>> g_execs;  // id -> executor (null once freed)
+std::atomic<bool> g_forked{false};
+std::atomic<bool> g_finalized{false};
+pid_t g_pid = 0;
+int g_world_rank = 0;
+int g_next_store = 0;  // owner thread only
 
 int Fail(const std::string& msg) {
   g_last_error = msg;
   return -1;
 }
+
+const char* kForked =
+    "mxnet_mpi: this process was forked from an MPI rank; a forked child must not use MPI "
+    "or mxnet_mpi's stores (it may compute and exit normally)";
+
+#define MXMPI_GUARD()                                               \
+  do {                                                              \
+    if (g_forked) return Fail(kForked);                             \
+    if (!g_owner.running()) return Fail("mxnet_mpi: MPI is not initialised"); \
+  } while (0)
 
 MPI_Comm CommById(int id) {
   std::lock_guard<std::mutex> lock(g_comms_mu);
@@ -47,88 +67,119 @@ int AddComm(MPI_Comm comm) {
   return static_cast<int>(g_comms.size()) - 1;
 }
 
-// What the engine op carries: private shallow copies of the arrays so the
-// Python objects may die before the op runs.
-struct OpParam {
-  OpKind op;
-  NDArrayHandle in = nullptr;
-  NDArrayHandle out = nullptr;
-  int64_t count = 0;
-  int dtype = 0;
-  int root = 0;
-  MPI_Comm comm = MPI_COMM_NULL;
-  std::string name;
-  bool sync = false;
-  Executor* exec = nullptr;
-  uint64_t ticket = 0;
-  int64_t t_enqueue = 0;
+// Creates a store on the owner thread; collective over `comm`. Members agree
+// on its id (the largest next id among them), so ids mean the same store on
+// every member even if ranks created other stores in between.
+int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
+                const StoreOptions& options, std::string* err) {
+  int id = -1;
+  g_owner.Call([&] {
+    MPI_Comm own = MPI_COMM_NULL;
+    if (MPI_Comm_dup(comm, &own) != MPI_SUCCESS) {
+      *err = "mxnet_mpi: MPI_Comm_dup failed";
+      return;
+    }
+    int next = g_next_store;
+    MPI_Allreduce(MPI_IN_PLACE, &next, 1, MPI_INT, MPI_MAX, own);
+    id = next;
+    g_next_store = next + 1;
+    auto store = std::make_shared<Store>(id, kind, own, name, options);
+    HealthSetMembers(id, name, store->world_ranks());
+    AddStore(store);
+  });
+  return id;
+}
+
+// The normal end of the job, once everything pushed is done.
+void FinalizeNative() {
+  if (g_finalized.exchange(true) || !g_owner.running()) return;
+  SetFinalizing(true);
+  for (auto& store : AllStores()) store->Close();
+  HealthStop();
+  g_owner.Call([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    std::lock_guard<std::mutex> lock(g_comms_mu);
+    for (size_t i = 1; i < g_comms.size() && !finalized; ++i) {
+      if (g_comms[i] != MPI_COMM_NULL) MPI_Comm_free(&g_comms[i]);
+    }
+    g_comms.clear();
+    if (g_we_initialized && !finalized) MPI_Finalize();
+  });
+  g_owner.Stop();
+}
+
+// Process exit (after Python has finished): a non-zero status ends the whole
+// job now, naming this rank; zero finalises MPI with the others.
+void OnExit(int status, void*) {
+  if (g_forked || getpid() != g_pid || g_finalized || !g_owner.running()) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (status != 0 && size > 1) {
+    std::fprintf(stderr, "[rank %d] mxnet_mpi: rank %d is exiting with status %d; aborting "
+                 "the MPI job\n", g_world_rank, g_world_rank, status);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
+  FinalizeNative();
+}
+
+std::vector<std::array<int64_t, 3>> Finals() {
+  std::vector<std::array<int64_t, 3>> out;
+  for (auto& s : AllStores())
+    out.push_back({s->id(), static_cast<int64_t>(s->issued()), static_cast<int64_t>(s->joins())});
+  return out;
+}
+
+// Parameter-server waits, tracked as flights by two engine ops around them.
+struct ServerWait {
+  std::string desc;
+  std::atomic<uint64_t> flight{0};
+};
+std::mutex g_waits_mu;
+std::map<int64_t, std::shared_ptr<ServerWait>> g_waits;
+int64_t g_next_wait = 1;
+
+struct MarkerParam {
+  std::shared_ptr<ServerWait> wait;
+  bool begin;
 };
 
-void DeleteOpParam(void* p) {
-  auto* param = static_cast<OpParam*>(p);
-  if (param->in != param->out && param->in) MXNDArrayFree(param->in);
-  if (param->out) MXNDArrayFree(param->out);
-  delete param;
+void RunMarker(void*, void* on_complete, void* p) {
+  auto* m = static_cast<MarkerParam*>(p);
+  if (m->begin) {
+    m->wait->flight = FlightBegin(FlightKind::kServer, -1, 0, m->wait->desc);
+  } else {
+    FlightEnd(m->wait->flight.exchange(0));
+  }
+  (*static_cast<mxnet::engine::CallbackOnComplete*>(on_complete))();
 }
 
-Executor* ExecById(int id) {
-  std::lock_guard<std::mutex> lock(g_exec_mu);
-  if (id < 0 || id >= static_cast<int>(g_execs.size())) return nullptr;
-  return g_execs[id].get();
-}
-
-void StopAllExecutors() {
-  std::vector<std::unique_ptr<Executor>> execs;
-  {
-    std::lock_guard<std::mutex> lock(g_exec_mu);
-    execs.swap(g_execs);
-  }
-  for (auto& e : execs) {
-    if (e) e->Stop();
-  }
-}
-
-// The engine op: its dependencies are ready; hand the request to the
-// executor and return (unless the engine is synchronous).
-void RunOp(void* /*rctx*/, void* on_complete, void* p) {
-  const OpParam& param = *static_cast<OpParam*>(p);
-  Request r;
-  r.op = param.op;
-  r.count = param.count;
-  r.dtype = param.dtype;
-  r.root = param.root;
-  r.comm = param.comm;
-  r.name = param.name;
-  r.on_complete = *static_cast<mxnet::engine::CallbackOnComplete*>(on_complete);
-  r.t_enqueue = param.t_enqueue;
-  if (g_timeline_on) r.t_ready = NowUs();
-  if (param.sync) r.done = std::make_shared<std::promise<void>>();
-  if (r.count > 0) {
-    PlainData data = GetPlainData(param.in, param.out, r.count * DTypeSize(r.dtype));
-    // On error still hand it over, so ticketed executors stay in step; it fails there.
-    r.error = data.error;
-    r.in = data.in;
-    r.out = data.out;
-    r.keep = data.keep;
-  }
-  r.flight = FlightBegin(r.name);
-  std::shared_ptr<std::promise<void>> done = r.done;
-  param.exec->Ready(param.ticket, std::move(r));
-  // A synchronous engine (NaiveEngine) requires completion before return.
-  if (done) done->get_future().wait();
+void FreeMarker(void* p) {
+  auto* m = static_cast<MarkerParam*>(p);
+  if (!m->begin) FlightEnd(m->wait->flight.exchange(0));  // also when skipped
+  delete m;
 }
 
 }  // namespace
+
+void PostToOwner(std::function<void()> task) {
+  if (g_owner.running()) g_owner.Post(std::move(task));
+}
+
 }  // namespace mxnet_mpi
 
 using namespace mxnet_mpi;  // NOLINT
 
 MXMPI_API const char* mxmpi_last_error() { return g_last_error.c_str(); }
 
-// Starts the owner thread, which initialises MPI unless someone (mpi4py) did.
-MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size,
-                         int* local_rank, int* local_size) {
+// Starts the owner thread, which initialises MPI unless someone (mpi4py) did,
+// then the heartbeat thread and the default store (id 0) of the free functions.
+MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size, int* local_rank,
+                         int* local_size) {
+  if (g_forked) return Fail(kForked);
   if (g_owner.running()) return Fail("mxnet_mpi: already initialised");
+  if (g_finalized) return Fail("mxnet_mpi: MPI was finalised; it cannot start again");
   g_owner.Start();
   std::string err;
   g_owner.Call([&] {
@@ -160,7 +211,7 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size,
       std::lock_guard<std::mutex> lock(g_comms_mu);
       g_comms.assign(1, MPI_COMM_WORLD);
     }
-    // The health thread needs MPI_THREAD_MULTIPLE (it calls MPI beside us).
+    // The heartbeat thread needs MPI_THREAD_MULTIPLE (it calls MPI beside us).
     if (*size > 1 && *provided >= MPI_THREAD_MULTIPLE && Options().interval_s > 0) {
       MPI_Comm health;
       MPI_Comm_dup(MPI_COMM_WORLD, &health);
@@ -172,35 +223,43 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size,
     g_owner.Stop();
     return Fail(err);
   }
+  g_pid = getpid();
+  g_world_rank = *rank;
+  on_exit(&OnExit, nullptr);
+  CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)", StoreOptions(),
+              &err);
+  return err.empty() ? 0 : Fail(err);
+}
+
+// Tells the other ranks that this one reached the end of its program.
+MXMPI_API int mxmpi_announce_finish() {
+  MXMPI_GUARD();
+  HealthAnnounceFinish(Finals());
   return 0;
 }
 
-// Frees communicators, finalises MPI if we initialised it, stops the thread.
-// The caller must have waited for all engine ops (mx.nd.waitall()).
+// At the end of Python's exit handlers: when someone else (mpi4py) owns MPI
+// and will finalise it before the process exits, let go of it now.
+MXMPI_API int mxmpi_python_exit() {
+  if (g_forked || !g_owner.running()) return 0;
+  if (!g_we_initialized) FinalizeNative();
+  return 0;
+}
+
+// Frees everything and finalises MPI (after mx.nd.waitall()).
 MXMPI_API int mxmpi_finalize() {
+  if (g_forked) return 0;
   if (!g_owner.running()) return 0;
-  StopAllExecutors();
-  HealthStop();
-  g_owner.Call([] {
-    std::lock_guard<std::mutex> lock(g_comms_mu);
-    for (size_t i = 1; i < g_comms.size(); ++i) {
-      if (g_comms[i] != MPI_COMM_NULL) MPI_Comm_free(&g_comms[i]);
-    }
-    g_comms.clear();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (g_we_initialized && !finalized) MPI_Finalize();
-  });
-  g_owner.Stop();
+  HealthAnnounceFinish(Finals());
+  FinalizeNative();
+  FreeChainVar();
   return 0;
 }
 
-// Set before mxmpi_init: signature checks, stall warning/abort times (s),
-// health round period (s; 0 disables the health thread).
-MXMPI_API int mxmpi_configure(int check_signatures, double warn_s, double abort_s,
-                              double interval_s) {
+// Set before mxmpi_init: stall warning/abort times (s), heartbeat period (s; 0
+// disables the heartbeat thread).
+MXMPI_API int mxmpi_configure(double warn_s, double abort_s, double interval_s) {
   HealthOptions& o = Options();
-  o.check_signatures = check_signatures != 0;
   o.warn_s = warn_s;
   o.abort_s = abort_s;
   o.interval_s = interval_s;
@@ -209,12 +268,19 @@ MXMPI_API int mxmpi_configure(int check_signatures, double warn_s, double abort_
 
 MXMPI_API int mxmpi_abort(int code) {
   // Called from any thread when the job must die: MPI_Abort is allowed then.
+  if (g_forked) _exit(code);
   return MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+// In a child after fork(): MPI and our threads belong to the parent.
+MXMPI_API int mxmpi_forked() {
+  g_forked = true;
+  return 0;
 }
 
 // Collective over `parent`: every member must call it in the same order.
 MXMPI_API int mxmpi_comm_split(int parent, int color, int key, int* out) {
-  if (!g_owner.running()) return Fail("mxnet_mpi: not initialised");
+  MXMPI_GUARD();
   MPI_Comm pc = CommById(parent);
   if (pc == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(parent));
   std::string err;
@@ -231,6 +297,7 @@ MXMPI_API int mxmpi_comm_split(int parent, int color, int key, int* out) {
 }
 
 MXMPI_API int mxmpi_comm_info(int id, int* rank, int* size) {
+  MXMPI_GUARD();
   MPI_Comm c = CommById(id);
   if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(id));
   MPI_Comm_rank(c, rank);
@@ -239,7 +306,7 @@ MXMPI_API int mxmpi_comm_info(int id, int* rank, int* size) {
 }
 
 MXMPI_API int mxmpi_comm_free(int id) {
-  if (id <= 0 || !g_owner.running()) return 0;
+  if (id <= 0 || g_forked || !g_owner.running()) return 0;
   g_owner.Call([id] {
     std::lock_guard<std::mutex> lock(g_comms_mu);
     if (id < static_cast<int>(g_comms.size()) && g_comms[id] != MPI_COMM_NULL) {
@@ -250,97 +317,85 @@ MXMPI_API int mxmpi_comm_free(int id) {
   return 0;
 }
 
-// Pushes one collective into MXNet's engine. `in` is a read dependency and
-// `out` a write dependency (one write dependency when in == out); `chain`,
-// if not NULL, is an extra write dependency that serialises collectives.
-MXMPI_API int mxmpi_push(int op, NDArrayHandle in, NDArrayHandle out, NDArrayHandle chain,
-                         int64_t count, int dtype, int comm, int root, int priority,
-                         const char* name, int sync, int executor) {
-  if (!g_owner.running()) return Fail("mxnet_mpi: not initialised");
-  Executor* exec = ExecById(executor);
-  if (!exec) return Fail("mxnet_mpi: unknown executor id " + std::to_string(executor));
-  if (op != static_cast<int>(OpKind::kAllreduce) && op != static_cast<int>(OpKind::kBroadcast))
-    return Fail("mxnet_mpi: unknown collective " + std::to_string(op));
-  if (DTypeSize(dtype) == 0) return Fail("mxnet_mpi: unsupported dtype code " + std::to_string(dtype));
+// A store over communicator `comm` (collective over it); *out gets its id.
+MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t fusion_bytes,
+                                 int64_t small_bytes, int64_t chunk_bytes, int large_lanes,
+                                 int cycle_us, int* out) {
+  MXMPI_GUARD();
+  if (kind < 0 || kind > 2) return Fail("mxnet_mpi: unknown store kind " + std::to_string(kind));
   MPI_Comm c = CommById(comm);
   if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
+  StoreOptions o;
+  o.fusion_bytes = std::max<int64_t>(0, fusion_bytes);
+  o.small_bytes = std::max<int64_t>(0, small_bytes);
+  o.chunk_bytes = std::max<int64_t>(4096, chunk_bytes);
+  o.large_lanes = std::max(1, large_lanes);
+  o.cycle_us = std::max(0, cycle_us);
+  std::string err;
+  *out = CreateStore(static_cast<ExecKind>(kind), c, name ? name : "mpi", o, &err);
+  return err.empty() ? 0 : Fail(err);
+}
 
-  auto* param = new OpParam();
-  param->op = static_cast<OpKind>(op);
-  param->count = count;
-  param->dtype = dtype;
-  param->root = root;
-  param->comm = c;
-  param->name = name ? name : "";
-  param->sync = sync != 0;
-  param->exec = exec;
-  if (g_timeline_on) param->t_enqueue = NowUs();
-  if (MXShallowCopyNDArray(out, &param->out) != 0 ||
-      (in != out && MXShallowCopyNDArray(in, &param->in) != 0)) {
-    std::string msg = MXGetLastError();
-    DeleteOpParam(param);
-    return Fail("mxnet_mpi: " + msg);
-  }
-  if (in == out) param->in = param->out;
+MXMPI_API int mxmpi_store_push(int store, const CallDesc* calls, int n, int sync, int* failed) {
+  MXMPI_GUARD();
+  auto s = StoreById(store);
+  if (!s || s->closed()) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
+  const std::string err = PushCalls(s, calls, n, sync != 0, failed);
+  return err.empty() ? 0 : Fail(err);
+}
 
-  std::vector<NDArrayHandle> reads;
-  std::vector<NDArrayHandle> writes{param->out};
-  if (in != out) reads.push_back(param->in);
-  if (chain) writes.push_back(chain);
-  static const mxnet::Context ctx = mxnet::Context::CPU(0);
-  // Prioritised CPU ops run on their own small thread pool, so an enqueue is
-  // never stuck behind a long compute op on the normal CPU worker.
-  static mxnet::FnProperty prop = mxnet::FnProperty::kCPUPrioritized;
-  // Tickets follow push order, which is the same on every rank.
-  param->ticket = exec->Ticket();
-  int rc = MXEnginePushAsyncND(&RunOp, param, &DeleteOpParam, &ctx,
-                               reads.data(), static_cast<int>(reads.size()),
-                               writes.data(), static_cast<int>(writes.size()),
-                               &prop, priority, param->name.c_str(), false);
-  if (rc != 0) return Fail(std::string("mxnet_mpi: engine push failed: ") + MXGetLastError());
+// Blocks until every rank has joined (see Store::Join).
+MXMPI_API int mxmpi_store_join(int store) {
+  MXMPI_GUARD();
+  auto s = StoreById(store);
+  if (!s) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
+  const std::string err = s->Join();
+  return err.empty() ? 0 : Fail(err);
+}
+
+MXMPI_API int mxmpi_store_close(int store) {
+  if (g_forked || !g_owner.running()) return 0;
+  auto s = StoreById(store);
+  if (s) s->Close();
   return 0;
 }
 
-// Creates an executor for collectives over `comm` (collective over `comm`
-// for the funneled kind, which duplicates it for its agreement traffic).
-MXMPI_API int mxmpi_executor_create(int kind, int comm, int64_t fusion_bytes, int cycle_us,
-                                    int* out) {
-  if (!g_owner.running()) return Fail("mxnet_mpi: not initialised");
-  MPI_Comm c = CommById(comm);
-  if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
-  std::unique_ptr<Executor> exec;
-  switch (static_cast<ExecKind>(kind)) {
-    case ExecKind::kChained:
-      exec.reset(new ChainedExecutor());
-      break;
-    case ExecKind::kFunneled: {
-      MPI_Comm neg = MPI_COMM_NULL;
-      g_owner.Call([&] { MPI_Comm_dup(c, &neg); });
-      AddComm(neg);  // freed with the others at finalize
-      exec.reset(new FunneledExecutor(neg, static_cast<size_t>(fusion_bytes), cycle_us));
-      break;
-    }
-    case ExecKind::kConcurrent:
-      exec.reset(new ConcurrentExecutor());
-      break;
-    default:
-      return Fail("mxnet_mpi: unknown executor kind " + std::to_string(kind));
-  }
-  std::lock_guard<std::mutex> lock(g_exec_mu);
-  g_execs.push_back(std::move(exec));
-  *out = static_cast<int>(g_execs.size()) - 1;
+MXMPI_API int mxmpi_store_info(int store, int64_t* issued, int64_t* outstanding, int64_t* joins) {
+  MXMPI_GUARD();
+  auto s = StoreById(store);
+  if (!s) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
+  *issued = static_cast<int64_t>(s->issued());
+  *outstanding = static_cast<int64_t>(s->Outstanding());
+  *joins = static_cast<int64_t>(s->joins());
   return 0;
 }
 
-// Stops an executor; the caller has waited for its collectives.
-MXMPI_API int mxmpi_executor_free(int id) {
-  std::unique_ptr<Executor> exec;
+// Marks the wait of a parameter-server request on `arr` (begin: before the
+// request is pushed; end: after it, with the id begin returned).
+MXMPI_API int mxmpi_server_wait(NDArrayHandle arr, const char* desc, int begin, int64_t* id) {
+  MXMPI_GUARD();
+  std::shared_ptr<ServerWait> wait;
   {
-    std::lock_guard<std::mutex> lock(g_exec_mu);
-    if (id < 0 || id >= static_cast<int>(g_execs.size())) return 0;
-    exec.swap(g_execs[id]);
+    std::lock_guard<std::mutex> lock(g_waits_mu);
+    if (begin) {
+      wait = std::make_shared<ServerWait>();
+      wait->desc = desc ? desc : "a parameter-server request";
+      *id = g_next_wait++;
+      g_waits[*id] = wait;
+    } else {
+      auto it = g_waits.find(*id);
+      if (it == g_waits.end()) return 0;
+      wait = it->second;
+      g_waits.erase(it);
+    }
   }
-  if (exec) exec->Stop();
+  static const mxnet::Context ctx = mxnet::Context::CPU(0);
+  static mxnet::FnProperty prop = mxnet::FnProperty::kCPUPrioritized;
+  auto* param = new MarkerParam{wait, begin != 0};
+  NDArrayHandle reads[1] = {arr};
+  if (MXEnginePushAsyncND(&RunMarker, param, &FreeMarker, &ctx, reads, 1, nullptr, 0, &prop, 0,
+                          nullptr, false) != 0)
+    return Fail(std::string("mxnet_mpi: engine push failed: ") + MXGetLastError());
   return 0;
 }
 

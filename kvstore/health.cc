@@ -1,5 +1,11 @@
+#include <pthread.h>
 #include "health.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -8,7 +14,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-#include <vector>
 
 namespace mxnet_mpi {
 
@@ -17,102 +22,364 @@ HealthOptions& Options() {
   return options;
 }
 
-// ---------------------------------------------------------------- signatures
-namespace {
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-constexpr int kNameLen = 112;
-
-struct Described {
-  char name[kNameLen];
-  int64_t count;
-  int64_t op;
-};
-
-std::string Describe(const char* name, int64_t count, int64_t op) {
-  std::ostringstream os;
-  os << "'" << name << "' (" << count << " elements"
-     << (op == static_cast<int64_t>(OpKind::kBroadcast) ? ", broadcast" : "") << ")";
-  return os.str();
-}
-
-}  // namespace
-
-std::string CheckSignature(const Request& r) {
-  const int64_t sig[4] = {static_cast<int64_t>(Fnv1a(r.name) >> 1), r.count, r.dtype,
-                          static_cast<int64_t>(r.op) | (static_cast<int64_t>(r.root) << 8)};
-  int64_t both[8], out[8];
-  for (int i = 0; i < 4; ++i) {
-    both[i] = sig[i];
-    both[4 + i] = -sig[i];
-  }
-  if (MPI_Allreduce(both, out, 8, MPI_INT64_T, MPI_MAX, r.comm) != MPI_SUCCESS)
-    return "mxnet_mpi: signature check failed for '" + r.name + "'";
-  bool same = true;
-  for (int i = 0; i < 4; ++i) same = same && out[i] == -out[4 + i];
-  if (same) return "";
-
-  int rank = 0, size = 1;
-  MPI_Comm_rank(r.comm, &rank);
-  MPI_Comm_size(r.comm, &size);
-  Described mine{};
-  std::strncpy(mine.name, r.name.c_str(), kNameLen - 1);
-  mine.count = r.count;
-  mine.op = static_cast<int64_t>(r.op);
-  std::vector<Described> all(size);
-  MPI_Allgather(&mine, sizeof(Described), MPI_BYTE, all.data(), sizeof(Described), MPI_BYTE,
-                r.comm);
-  std::ostringstream os;
-  os << "mxnet_mpi: ranks disagree on a collective (different key, shape or dtype, or keys "
-        "pushed in a different order): ";
-  for (int i = 0; i < size; ++i) {
-    os << (i ? "; " : "") << "rank " << i << " runs "
-       << Describe(all[i].name, all[i].count, all[i].op);
-  }
-  const std::string msg = os.str();
-  std::fprintf(stderr, "[rank %d] %s\n", rank, msg.c_str());
-  std::fflush(stderr);
-  return msg;
-}
-
-// ---------------------------------------------------------------- in flight
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// ---------------------------------------------------------------- flights
 struct Flight {
-  std::string name;
+  FlightKind kind;
+  int store;
+  uint64_t seq;
+  std::string desc;
   Clock::time_point since;
 };
 
 std::mutex g_flight_mu;
-std::map<uint64_t, Flight> g_flights;  // ordered by id = by time of readiness
+std::map<uint64_t, Flight> g_flights;
 uint64_t g_next_flight = 1;
 
-// The longest-waiting collective on this rank, if any.
-bool Oldest(Flight* out) {
+bool Oldest(uint64_t* id, Flight* out) {
   std::lock_guard<std::mutex> lock(g_flight_mu);
-  if (g_flights.empty()) return false;
-  *out = g_flights.begin()->second;
+  bool found = false;
+  for (const auto& kv : g_flights) {
+    if (!found || kv.second.since < out->since) {
+      *out = kv.second;
+      *id = kv.first;
+      found = true;
+    }
+  }
+  return found;
+}
+
+void ShiftFlights(Clock::duration by) {
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  for (auto& kv : g_flights) kv.second.since += by;
+}
+
+// ---------------------------------------------------------------- members
+struct Members {
+  std::string name;
+  std::vector<int> ranks;
+};
+std::mutex g_members_mu;
+std::map<int, Members> g_members;
+
+bool MembersOf(int store, Members* out) {
+  std::lock_guard<std::mutex> lock(g_members_mu);
+  auto it = g_members.find(store);
+  if (it == g_members.end()) return false;
+  *out = it->second;
   return true;
 }
 
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
+// ---------------------------------------------------------------- heartbeats
+constexpr int kTag = 7;
+constexpr int kDescLen = 152;
+constexpr int kMaxFinals = 16;
+
+enum State : int32_t { kRunning = 0, kFinishing = 1 };
+
+struct Status {
+  int32_t rank, state, waiting, kind;
+  int32_t store, nfinals;
+  int64_t seq;
+  double age;
+  int32_t pid, pad;
+  char desc[kDescLen];
+  int64_t finals[kMaxFinals][3];  // (store id, collectives issued, joins completed)
+};
+
+struct Peer {
+  Status last{};
+  bool heard = false;
+  Clock::time_point at;
+  Status out{};
+  MPI_Request send = MPI_REQUEST_NULL;
+};
+
+std::thread* g_thread = nullptr;  // never destroyed at exit (forked children)
+MPI_Comm g_comm = MPI_COMM_NULL;
+int g_rank = 0, g_size = 1;
+std::atomic<bool> g_running{false};
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_announce{false};
+std::mutex g_finals_mu;
+std::vector<std::array<int64_t, 3>> g_finals;
+bool g_finishing = false;
+
+Status Mine() {
+  Status s{};
+  s.rank = g_rank;
+  s.pid = static_cast<int32_t>(getpid());
+  uint64_t id;
+  Flight f;
+  if (Oldest(&id, &f)) {
+    s.waiting = 1;
+    s.kind = static_cast<int32_t>(f.kind);
+    s.store = f.store;
+    s.seq = static_cast<int64_t>(f.seq);
+    s.age = Seconds(Clock::now() - f.since);
+    std::strncpy(s.desc, f.desc.c_str(), kDescLen - 1);
+  }
+  std::lock_guard<std::mutex> lock(g_finals_mu);
+  s.state = g_finishing ? kFinishing : kRunning;
+  s.nfinals = static_cast<int32_t>(std::min<size_t>(g_finals.size(), kMaxFinals));
+  for (int i = 0; i < s.nfinals; ++i) {
+    for (int j = 0; j < 3; ++j) s.finals[i][j] = g_finals[i][j];
+  }
+  return s;
+}
+
+void SendAll(std::vector<Peer>* peers) {
+  const Status mine = Mine();
+  for (int p = 0; p < g_size; ++p) {
+    if (p == g_rank) continue;
+    Peer& peer = (*peers)[p];
+    if (peer.send != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&peer.send, &done, MPI_STATUS_IGNORE);
+      if (!done) continue;  // not receiving (stopped?): never pile up sends
+    }
+    peer.out = mine;
+    MPI_Isend(&peer.out, sizeof(Status), MPI_BYTE, p, kTag, g_comm, &peer.send);
+  }
+}
+
+void Drain(std::vector<Peer>* peers) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, kTag, g_comm, &flag, &st);
+    if (!flag) return;
+    Status s;
+    MPI_Recv(&s, sizeof(Status), MPI_BYTE, st.MPI_SOURCE, kTag, g_comm, MPI_STATUS_IGNORE);
+    Peer& peer = (*peers)[st.MPI_SOURCE];
+    peer.last = s;
+    peer.heard = true;
+    peer.at = Clock::now();
+  }
+}
+
+double SilentAfter() { return std::max(3 * Options().interval_s, 1.5); }
+
+bool Silent(const Peer& p, Clock::time_point now) { return Seconds(now - p.at) > SilentAfter(); }
+
+// What a finished peer did on a store: collectives issued, joins completed.
+int64_t FinalOn(const Status& s, int store, int what) {
+  for (int i = 0; i < s.nfinals; ++i)
+    if (s.finals[i][0] == store) return s.finals[i][what];
+  return 0;
+}
+int64_t IssuedOn(const Status& s, int store) { return FinalOn(s, store, 1); }
+
+std::string Where(const Flight& f, const Members& m) {
+  std::ostringstream os;
+  if (f.kind == FlightKind::kJoin) {
+    os << "join() on store '" << m.name << "'";
+  } else {
+    os << "'" << f.desc << "' (collective #" << f.seq << " of store '" << m.name << "')";
+  }
+  return os.str();
+}
+
+// Who the flight waits for, and what each of them is doing.
+std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& peers,
+                  Clock::time_point now, bool* any_missing) {
+  std::ostringstream waiting, missing;
+  waiting << " " << g_rank;
+  *any_missing = false;
+  for (int p : m.ranks) {
+    if (p == g_rank || p < 0 || p >= g_size) continue;
+    const Peer& peer = peers[p];
+    const Status& s = peer.last;
+    const bool same = peer.heard && s.waiting && s.store == f.store &&
+                      s.kind == static_cast<int32_t>(f.kind) &&
+                      (f.kind == FlightKind::kJoin || s.seq == static_cast<int64_t>(f.seq));
+    if (same && !Silent(peer, now)) {
+      waiting << " " << p;
+      continue;
+    }
+    missing << (*any_missing ? "; " : " ") << p << " (";
+    *any_missing = true;
+    if (!peer.heard || Silent(peer, now)) {
+      missing << "not answering for " << static_cast<int>(Seconds(now - peer.at))
+              << " s: stopped (e.g. SIGSTOP), hung outside Python, or its host is unreachable";
+    } else if (s.state == kFinishing) {
+      missing << "finished its program after issuing " << IssuedOn(s, f.store)
+              << " collectives on this store";
+    } else if (s.waiting && s.kind == static_cast<int32_t>(FlightKind::kJoin)) {
+      missing << "alive, has joined (ran out of data) and waits for the others";
+    } else if (s.waiting) {
+      missing << "alive, waiting on '" << s.desc << "'";
+      if (s.kind == static_cast<int32_t>(FlightKind::kCollective)) missing << " (#" << s.seq << ")";
+      missing << " for " << static_cast<int>(s.age) << " s";
+    } else {
+      missing << "alive, no collective ready: not pushed yet, or its inputs not computed";
+    }
+    missing << ")";
+  }
+  return ". Ranks waiting on it:" + waiting.str() + ". Missing ranks:" + missing.str();
+}
+
+std::string ServerNote() {
+  return ": a parameter-server request (the servers or the scheduler do not answer: stopped, "
+         "dead or overloaded; `python -m mxnet_mpi.launch` names stopped servers)";
+}
+
+void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>* warned) {
+  uint64_t id;
+  Flight f;
+  if (!Oldest(&id, &f)) return;
+  const auto now = Clock::now();
+  const double age = Seconds(now - f.since);
+  const HealthOptions& o = Options();
+  Members m;
+  const bool known = f.kind != FlightKind::kServer && MembersOf(f.store, &m);
+  if (known) {
+    // A peer that finished its program never runs what it did not issue.
+    for (int p : m.ranks) {
+      if (p == g_rank || p < 0 || p >= g_size || !peers[p].heard) continue;
+      const Status& s = peers[p].last;
+      if (s.state != kFinishing) continue;
+      const int64_t issued = IssuedOn(s, f.store);
+      if (f.kind == FlightKind::kCollective && static_cast<int64_t>(f.seq) >= issued) {
+        std::ostringstream os;
+        os << "rank " << p << " finished its program after issuing " << issued
+           << " collectives on store '" << m.name << "', but this rank waits on " << Where(f, m)
+           << ", which rank " << p << " will never run. Ranks with uneven amounts of data must "
+           << "call join() (kv.join() or mxnet_mpi.join()) when they run out";
+        AbortJob(os.str(), 4);
+      }
+      // A join flight's seq is the joins this rank completed before it.
+      if (f.kind == FlightKind::kJoin && static_cast<int64_t>(f.seq) >= FinalOn(s, f.store, 2)) {
+        std::ostringstream os;
+        os << "rank " << p << " finished its program without calling join() on store '"
+           << m.name << "', while this rank waits in join() for every rank to join";
+        AbortJob(os.str(), 4);
+      }
+    }
+  }
+  if (age < o.warn_s && age < o.abort_s) return;
+  std::string detail;
+  bool missing = false;
+  int silent = 0;
+  if (known) {
+    detail = Peers(f, m, peers, now, &missing);
+    for (int p : m.ranks)
+      if (p != g_rank && p >= 0 && p < g_size && (!peers[p].heard || Silent(peers[p], now)))
+        ++silent;
+  } else if (f.kind == FlightKind::kServer) {
+    detail = ServerNote();
+  }
+  const std::string what = known ? Where(f, m) : "'" + f.desc + "'";
+  if (age >= o.abort_s) {
+    std::ostringstream os;
+    os << (f.kind == FlightKind::kJoin ? "" : "collective ") << what << " has waited "
+       << static_cast<int>(age) << " s, more than MXNET_MPI_STALL_ABORT_S=" << o.abort_s
+       << detail;
+    AbortJob(os.str());
+  }
+  // Once per flight, and again when more peers stop answering.
+  if (warned->count({id, silent})) return;
+  warned->insert({id, silent});
+  std::ostringstream os;
+  os << "[rank " << g_rank << "] mxnet_mpi: stall warning: " << what << " has waited "
+     << static_cast<int>(age) << " s" << detail << ". Aborts after MXNET_MPI_STALL_ABORT_S="
+     << o.abort_s << " s.\n";
+  std::fputs(os.str().c_str(), stderr);
+  std::fflush(stderr);
+}
+
+bool AllFinishing(const std::vector<Peer>& peers) {
+  for (int p = 0; p < g_size; ++p) {
+    if (p == g_rank) continue;
+    if (!peers[p].heard || peers[p].last.state != kFinishing) return false;
+  }
+  return true;
+}
+
+void Loop() {
+  std::vector<Peer> peers(g_size);
+  const auto start = Clock::now();
+  for (Peer& p : peers) p.at = start;
+  auto last = start, next_send = start;
+  std::set<std::pair<uint64_t, int>> warned;
+  bool barrier = false;
+  MPI_Request barrier_req = MPI_REQUEST_NULL;
+  Clock::time_point barrier_since;
+  for (;;) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;  // someone else (the user, mpi4py) ended MPI
+    const auto now = Clock::now();
+    const auto gap = now - last;
+    last = now;
+    const HealthOptions& o = Options();
+    if (Seconds(gap) > std::max(3 * o.interval_s, 2.0)) {
+      // This process was not running (stopped, or starved): do not blame peers.
+      std::fprintf(stderr, "[rank %d] mxnet_mpi: this rank did not run for %d s (stopped with "
+                   "SIGSTOP, or starved); peers may have reported it\n", g_rank,
+                   static_cast<int>(Seconds(gap)));
+      std::fflush(stderr);
+      for (Peer& p : peers) p.at = now;
+      ShiftFlights(gap);
+    }
+    if (!barrier && (now >= next_send || g_announce.exchange(false))) {
+      SendAll(&peers);
+      next_send = now + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(o.interval_s));
+    }
+    Drain(&peers);
+    if (!barrier) Evaluate(peers, &warned);
+    if (g_stop && !barrier) {
+      if (AllFinishing(peers)) {
+        MPI_Ibarrier(g_comm, &barrier_req);
+        barrier = true;
+        barrier_since = now;
+      } else {
+        for (int p = 0; p < g_size; ++p) {
+          if (p != g_rank && Seconds(now - peers[p].at) > o.abort_s) {
+            std::ostringstream os;
+            os << "rank " << p << " stopped answering " << static_cast<int>(Seconds(now - peers[p].at))
+               << " s ago (more than MXNET_MPI_STALL_ABORT_S=" << o.abort_s
+               << ") while this rank waits for the end of the job";
+            AbortJob(os.str());
+          }
+        }
+      }
+    }
+    if (barrier) {
+      int done = 0;
+      MPI_Test(&barrier_req, &done, MPI_STATUS_IGNORE);
+      if (done) {
+        for (Peer& p : peers)
+          if (p.send != MPI_REQUEST_NULL) MPI_Wait(&p.send, MPI_STATUS_IGNORE);
+        Drain(&peers);
+        return;
+      }
+      if (Seconds(now - barrier_since) > o.abort_s)
+        AbortJob("a peer never reached the end of the job (finalize)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace
 
-uint64_t FlightBegin(const std::string& name) {
+uint64_t FlightBegin(FlightKind kind, int store, uint64_t seq, const std::string& desc) {
   std::lock_guard<std::mutex> lock(g_flight_mu);
   const uint64_t id = g_next_flight++;
-  g_flights.emplace(id, Flight{name, Clock::now()});
+  g_flights.emplace(id, Flight{kind, store, seq, desc, Clock::now()});
   return id;
+}
+
+void FlightTouch(uint64_t id) {
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  auto it = g_flights.find(id);
+  if (it != g_flights.end()) it->second.since = Clock::now();
 }
 
 void FlightEnd(uint64_t id) {
@@ -121,119 +388,53 @@ void FlightEnd(uint64_t id) {
   g_flights.erase(id);
 }
 
-// ---------------------------------------------------------------- health thread
-namespace {
-
-struct Status {
-  int32_t rank;
-  int32_t stopping;
-  int32_t waiting;  // 1 if a collective is in flight
-  int32_t pad;
-  double age;       // seconds the oldest collective has waited
-  char name[kNameLen];
-};
-
-std::thread g_health;
-std::atomic<bool> g_stopping{false};
-MPI_Comm g_health_comm = MPI_COMM_NULL;
-int g_rank = 0;
-
-[[noreturn]] void AbortJob(const std::string& why) {
-  std::fprintf(stderr, "[rank %d] mxnet_mpi: %s; aborting the MPI job\n", g_rank, why.c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 3);
-  std::abort();
+void HealthSetMembers(int store, const std::string& name, const std::vector<int>& world_ranks) {
+  std::lock_guard<std::mutex> lock(g_members_mu);
+  g_members[store] = Members{name, world_ranks};
 }
 
-void MaybeAbortOwnStall() {
-  Flight f;
-  if (Oldest(&f) && Seconds(f.since) > Options().abort_s) {
-    std::ostringstream os;
-    os << "collective '" << f.name << "' has waited " << static_cast<int>(Seconds(f.since))
-       << " s for its peers, more than MXNET_MPI_STALL_ABORT_S=" << Options().abort_s;
-    AbortJob(os.str());
-  }
+void HealthForgetMembers(int store) {
+  std::lock_guard<std::mutex> lock(g_members_mu);
+  g_members.erase(store);
 }
-
-void Report(const std::vector<Status>& all, std::set<std::string>* warned) {
-  const Status& me = all[g_rank];
-  if (!me.waiting || me.age < Options().warn_s || warned->count(me.name)) return;
-  warned->insert(me.name);
-  std::ostringstream os;
-  os << "[rank " << g_rank << "] mxnet_mpi: stall warning: '" << me.name << "' has waited "
-     << static_cast<int>(me.age) << " s. Ranks waiting on it:";
-  for (const Status& s : all)
-    if (s.waiting && std::strcmp(s.name, me.name) == 0) os << " " << s.rank;
-  os << ". Missing ranks:";
-  for (const Status& s : all) {
-    if (s.waiting && std::strcmp(s.name, me.name) == 0) continue;
-    os << " " << s.rank;
-    if (s.waiting) {
-      os << " (waiting on '" << s.name << "' for " << static_cast<int>(s.age) << " s)";
-    } else {
-      os << " (no collective ready: not pushed yet, or its inputs not computed)";
-    }
-  }
-  os << ". Aborts after MXNET_MPI_STALL_ABORT_S=" << Options().abort_s << " s.\n";
-  std::fputs(os.str().c_str(), stderr);
-  std::fflush(stderr);
-}
-
-void HealthLoop() {
-  int size = 1;
-  MPI_Comm_size(g_health_comm, &size);
-  std::vector<Status> all(size);
-  std::set<std::string> warned;
-  for (;;) {
-    Status mine{};
-    mine.rank = g_rank;
-    mine.stopping = g_stopping.load();
-    Flight f;
-    if (Oldest(&f)) {
-      mine.waiting = 1;
-      mine.age = Seconds(f.since);
-      std::strncpy(mine.name, f.name.c_str(), kNameLen - 1);
-    }
-    MPI_Request req;
-    MPI_Iallgather(&mine, sizeof(Status), MPI_BYTE, all.data(), sizeof(Status), MPI_BYTE,
-                   g_health_comm, &req);
-    const auto round_start = Clock::now();
-    for (int done = 0; !done;) {
-      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-      if (done) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      // A peer that never joins the round is dead or wedged: if we wait on a
-      // collective meanwhile, our own stall decides.
-      MaybeAbortOwnStall();
-      if (g_stopping && Seconds(round_start) > Options().abort_s)
-        AbortJob("a peer never reached the end of the job (finalize)");
-    }
-    bool all_stopping = true;
-    for (const Status& s : all) all_stopping = all_stopping && s.stopping;
-    if (all_stopping) return;
-    Report(all, &warned);
-    MaybeAbortOwnStall();
-    if (!g_stopping) {
-      const auto until = Clock::now() + std::chrono::duration<double>(Options().interval_s);
-      while (!g_stopping && Clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-}
-
-}  // namespace
 
 void HealthStart(MPI_Comm comm, int world_rank) {
-  g_health_comm = comm;
+  g_comm = comm;
   g_rank = world_rank;
-  g_stopping = false;
-  g_health = std::thread(&HealthLoop);
+  MPI_Comm_size(comm, &g_size);
+  g_stop = false;
+  g_running = true;
+  g_thread = new std::thread([] {
+    pthread_setname_np(pthread_self(), "mxmpi-health");
+    Loop();
+  });
+}
+
+void HealthAnnounceFinish(const std::vector<std::array<int64_t, 3>>& finals) {
+  {
+    std::lock_guard<std::mutex> lock(g_finals_mu);
+    g_finals = finals;
+    g_finishing = true;
+  }
+  g_announce = true;
 }
 
 void HealthStop() {
-  if (!g_health.joinable()) return;
-  g_stopping = true;
-  g_health.join();
+  if (!g_thread || !g_thread->joinable()) return;
+  g_stop = true;
+  g_thread->join();
+  delete g_thread;
+  g_thread = nullptr;
+  g_running = false;
+}
+
+bool HealthRunning() { return g_running; }
+
+void AbortJob(const std::string& why, int code) {
+  std::fprintf(stderr, "[rank %d] mxnet_mpi: %s; aborting the MPI job\n", g_rank, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();
 }
 
 }  // namespace mxnet_mpi

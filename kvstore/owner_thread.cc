@@ -1,3 +1,4 @@
+#include <pthread.h>
 #include "owner_thread.h"
 
 #include <future>
@@ -9,7 +10,10 @@ void OwnerThread::Start() {
   if (running_) return;
   stop_ = false;
   running_ = true;
-  thread_ = std::thread(&OwnerThread::Loop, this);
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "mxmpi-owner");
+    Loop();
+  });
 }
 
 void OwnerThread::Post(Task task) {

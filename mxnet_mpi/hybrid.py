@@ -37,7 +37,6 @@ for and broadcasts them. Dense keys never leave MPI inside a group.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import os
 import weakref
@@ -47,19 +46,21 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from .collectives import allreduce_, broadcast_
+from . import _native
+from .collectives import Call, Stream, allreduce_
 from .errors import MPIKVStoreError
+from .keys import check_key as _check_key
 from .kvstore import (
     MPIKVStore,
     _as_list,
     _broadcast_groups,
-    _check_key,
     _check_optimizer,
     _group,
     on_deferred_init,
 )
 from .world import Communicator, local_size
 from .world import init as init_world
+from .world import on_exit as on_world_exit
 
 GROUP_SIZE_ENV = "MXNET_MPI_GROUP_SIZE"
 ROUTE_ENV = "MXNET_MPI_HYBRID_ROUTE"
@@ -77,12 +78,12 @@ def _close_all() -> None:
 
 
 def _close_at_exit() -> None:
-    """Close stores at exit *before* MPI is finalised: atexit runs handlers in
-    reverse order, and MPI's was registered when the world was initialised."""
+    """Close stores at exit, after this rank announced its end and its
+    collectives completed, before MPI is finalised."""
     global _close_registered
     if not _close_registered:
         _close_registered = True
-        atexit.register(_close_all)
+        on_world_exit(_close_all)
 
 
 def _env_positive_int(name: str, raw: str) -> int:
@@ -183,7 +184,8 @@ class HybridKVStore(MPIKVStore):
         assert group is not None
         super().__init__(mode, comm=group)   # self._comm: a duplicate of the group
         group.free()
-        self._world = world.dup()            # initial weights come from world rank 0
+        self._world = world                  # initial weights come from world rank 0
+        self._world_stream = Stream(_native.EXEC_CHAINED, world, self.type + " (world)")
         self._is_ps_worker = self._route_name == "sharded" or self._comm.rank == 0
         self._dist = None
         self._gbuf: dict = {}                # key -> group-sum buffer (dense keys)
@@ -220,13 +222,15 @@ class HybridKVStore(MPIKVStore):
                                          self._group_size, want, LAUNCH_HINT))
 
     def close(self) -> None:
-        """Leave the parameter server (ps-lite's exit barrier among its workers).
-
-        Called at interpreter exit, before MPI is finalised; idempotent."""
+        """Leave the parameter server (ps-lite's exit barrier among its workers)
+        and free the MPI side. Called at the end of the program; idempotent."""
         if self._dist is not None:
             mx.nd.waitall()
             self._dist = None   # the native store's destructor runs ps::Finalize
         _open_stores.discard(self)
+        if not self._closed:
+            self._world_stream.close()
+        super().close()
 
     # ------------------------------------------------------------ properties
     @property
@@ -299,23 +303,24 @@ class HybridKVStore(MPIKVStore):
         return self._comm.rank == self.owner(key)
 
     def _group_broadcast(self, key, arr, priority: int) -> None:
-        route = self._route(key, arr)
-        broadcast_(arr, arr, route.pop("comm"), root=self.owner(key), priority=priority,
-                   name=self._name("group broadcast", key, arr), **route)
+        self._collective(_native.BROADCAST, "group broadcast", key, arr, arr, priority,
+                         root=self.owner(key))
         self.stats["group_broadcast"] += 1
 
     def _group_allreduce(self, key, src, dst, priority: int) -> None:
-        self._allreduce(key, src, dst, priority)
+        self._collective(_native.ALLREDUCE, "allreduce", key, src, dst, priority)
         self.stats["group_allreduce"] += 1
 
     def _world_broadcast(self, key, arr, priority: int = 0) -> None:
-        # The process-wide chained executor over the world: init-time only.
-        broadcast_(arr, arr, self._world, root=0, priority=priority,
-                   name=self._name("world broadcast", key, arr))
+        # Over the whole world (initial weights come from world rank 0).
+        desc = "world broadcast key=%r shape=%s %s" % (key, tuple(arr.shape), np.dtype(arr.dtype))
+        self._world_stream.push([Call(_native.BROADCAST, [arr], [arr], dtype=arr.dtype,
+                                      shapes=[arr.shape], desc=desc, label="key %r" % (key,),
+                                      priority=priority)])
 
     # ------------------------------------------------------------ dense path
     def _push_dense(self, key, values: list, priority: int) -> None:
-        self._check_values(key, values, None)
+        self._checked(key, values, None, "allreduce")
         self.routes[key] = "dense"
         src = self._local_sum(key, values)
         buf = self._gbuf.get(key)
@@ -356,7 +361,7 @@ class HybridKVStore(MPIKVStore):
         counts = np.zeros(self._group_size, dtype=np.int64)
         counts[self._comm.rank] = ids.size
         counts_nd = mx.nd.array(counts, dtype="int64")
-        self._allreduce(("rows", key), counts_nd, counts_nd, priority)
+        self._internal(_native.ALLREDUCE, counts_nd, "row counts of key %r" % (key,))
         counts = counts_nd.asnumpy()
         total = int(counts.sum())
         if total == 0:
@@ -365,7 +370,7 @@ class HybridKVStore(MPIKVStore):
         all_ids = np.zeros(total, dtype=np.int64)
         all_ids[start:start + ids.size] = ids
         all_nd = mx.nd.array(all_ids, dtype="int64")
-        self._allreduce(("rows", key), all_nd, all_nd, priority)
+        self._internal(_native.ALLREDUCE, all_nd, "row ids of key %r" % (key,))
         return np.unique(all_nd.asnumpy())
 
     def _push_row_sparse(self, key, values: list, priority: int) -> None:
@@ -387,7 +392,9 @@ class HybridKVStore(MPIKVStore):
             block[np.searchsorted(union, ids)] = data
         block_nd = mx.nd.array(block, dtype=dtype)
         if union.size:
-            self._group_allreduce(key, block_nd, block_nd, priority)
+            # rows differ from step to step: described by key, not by a fixed layout
+            self._internal(_native.ALLREDUCE, block_nd, "row_sparse gradient of key %r" % (key,))
+            self.stats["group_allreduce"] += 1
         if self._owns(key):
             rsp = mx.nd.sparse.row_sparse_array(
                 (block_nd, mx.nd.array(union, dtype="int64")), shape=shape, dtype=dtype)
@@ -426,7 +433,9 @@ class HybridKVStore(MPIKVStore):
                                                priority=priority)
                     self.stats["server_row_sparse_pull"] += 1
                     block = _rows_of(pulled, union, shape, dtype)
-                self._group_broadcast(k, block, priority)
+                self._internal(_native.BROADCAST, block, "row_sparse rows of key %r" % (k,),
+                               root=self.owner(k))
+                self.stats["group_broadcast"] += 1
             block_np = block.asnumpy()
             for o, w in zip(outs, wanted):
                 rows = block_np[np.searchsorted(union, w)]
@@ -456,7 +465,7 @@ class HybridKVStore(MPIKVStore):
             for v in values:
                 full.copyto(v)
         else:
-            self._check_values(key, values, None)
+            self._checked(key, values, None, "broadcast")
             self._world_broadcast(key, values[0])
             self._fan_out(values[0], values[1:])
             full = _full_rsp(values[0]) if rsp_on_server else values[0]

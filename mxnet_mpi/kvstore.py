@@ -3,23 +3,35 @@
 ``pushpull`` **sums** over ranks (and over the devices of one rank), exactly
 as MXNet's ``dist_sync`` sums the pushes of its workers. So a Gluon script
 that calls ``trainer.step(per_rank_batch_size)`` follows the same trajectory
-with ``kvstore='mpi'`` as with ``kvstore='dist_sync'``.
+with ``kvstore='mpi'`` as with ``kvstore='dist_sync'``. Scripts converted from
+Horovod, whose allreduce averages, set ``kv.average = True`` (or
+``MXNET_MPI_AVERAGE=1``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
-from typing import Any, Sequence
+from typing import Sequence
 
 import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import modes
-from .collectives import allreduce_, broadcast_, check_array, check_same_layout
+from . import _native, modes
+from .collectives import (
+    FLOAT_DTYPES,
+    Call,
+    check_array,
+    check_same_layout,
+    on_host,
+)
 from .errors import MPIKVStoreError
-from .world import Communicator
+from .joining import join_store, register
+from .keys import Key, KeyBook, check_key
+from .trainer_plan import TrainerPlan
+from .world import Communicator, require_usable
 from .world import init as init_world
 
 log = logging.getLogger("mxnet_mpi")
@@ -27,8 +39,8 @@ _announced = False
 
 SPARSE_HINT = ("; use MXNet's kvstore='dist_sync' (parameter server) for row_sparse "
                "gradients or weights")
-
-Key = Any  # int or str
+AVERAGE_ENV = "MXNET_MPI_AVERAGE"
+COMPRESSIONS = ("none", "fp16")
 
 
 def _as_list(x) -> list:
@@ -54,12 +66,6 @@ def _legacy_view(arr):
     shapes (legacy reshape is a view; mx.np's reshape would copy)."""
     legacy = arr.as_nd_ndarray() if isinstance(arr, mx.np.ndarray) else arr
     return legacy.reshape((legacy.size,)) if legacy.ndim == 0 else legacy
-
-
-def _check_key(key) -> None:
-    if not isinstance(key, (int, str)) or isinstance(key, bool):
-        raise MPIKVStoreError("kvstore keys must be int or str, got %r of type %s"
-                              % (key, type(key).__name__))
 
 
 def _broadcast_groups(key, value, out) -> list:
@@ -93,35 +99,80 @@ def on_deferred_init(param, fn) -> None:
     param._init_impl = hooked
 
 
+class _Item:
+    """One key of a call: engine ops before the collective, the collective,
+    engine ops after it (fan-out to several outputs, copies back)."""
+
+    __slots__ = ("call", "post")
+
+    def __init__(self, call: Call, post=None) -> None:
+        self.call = call
+        self.post = post
+
+
 class MPIKVStore(KVStoreBase):
     """Data-parallel KVStore over MPI whose collectives are nodes of MXNet's engine.
 
     Created by ``mx.kv.create('mpi')`` (default mode, or $MXNET_MPI_MODE) or
     ``mx.kv.create('mpi_<mode>')`` after ``import mxnet_mpi``; also usable as
-    ``gluon.Trainer(..., kvstore='mpi')`` under ``mpirun``.
+    ``gluon.Trainer(..., kvstore='mpi')`` under ``mpirun``. ``close()`` (or a
+    ``with`` block, or dropping the last reference) frees its threads and
+    communicators.
     """
 
     fixed_mode: str | None = None  # set by the mpi_<mode> subclasses
 
-    def __init__(self, mode: str | None = None, comm: Communicator | None = None) -> None:
-        """`comm`: the ranks to reduce over (default: the whole MPI world);
-        the store duplicates it, so no other traffic can match its own."""
+    def __init__(self, mode: str | None = None, comm: Communicator | None = None,
+                 average: bool | None = None) -> None:
+        """`comm`: the ranks to reduce over (default: the whole MPI world); the
+        store works on a private duplicate. `average`: divide sums by the number
+        of ranks (default $MXNET_MPI_AVERAGE, else sum)."""
+        self._closed = True  # until the native stream exists
         world = init_world()
         self._mode = modes.resolve(mode if mode is not None else self.fixed_mode)
-        self._comm = (comm if comm is not None else world).dup()
-        self._executor = modes.create_executor(self._mode, self._comm)
-        self._key_comms: dict[Key, object] = {}   # concurrent: a communicator per key
-        self._key_chains: dict[Key, mx.nd.NDArray] = {}  # concurrent: push order per key
-        self._meta: dict[Key, tuple] = {}      # key -> (shape, dtype) seen first
-        self._stored: dict[Key, mx.nd.NDArray] = {}  # values kept for pull()
-        self._merge: dict[Key, mx.nd.NDArray] = {}   # per-key device-sum buffers
+        self._comm = comm if comm is not None else world
+        self._stream = modes.create_stream(self._mode, self._comm, "mpi_" + self._mode)
+        self._closed = False
+        self._keys = KeyBook()
+        self._stored: dict = {}   # values kept for pull()
+        self._merge: dict = {}    # per-key device-sum buffers
         self._updater = None
         self._optimizer = None
+        self._compression = "none"
+        self._average = (os.environ.get(AVERAGE_ENV, "0").strip() not in ("", "0")
+                         if average is None else bool(average))
+        self._plan = TrainerPlan(self)
+        register(self)
         global _announced
         if world.rank == 0 and not _announced:
             _announced = True
             log.info("mxnet_mpi: kvstore %s in %s mode over %d rank(s)",
                      self.type, self._mode, self._comm.size)
+
+    # ------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Free the store's threads and communicators once its collectives are
+        done (idempotent; the store is unusable afterwards)."""
+        if not self._closed:
+            self._closed = True
+            self._stream.close()
+
+    def __enter__(self) -> MPIKVStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001  (interpreter shutdown, forked child)
+            pass
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise MPIKVStoreError("kvstore '%s' is closed" % self.type)
+        require_usable()
 
     # ------------------------------------------------------------ properties
     @property
@@ -141,6 +192,21 @@ class MPIKVStore(KVStoreBase):
     def num_workers(self) -> int:
         return self._comm.size
 
+    @property
+    def synchronous(self) -> bool:
+        """Every rank's contribution enters every step (as MXNet's dist_sync)."""
+        return True
+
+    @property
+    def average(self) -> bool:
+        """Whether pushpull/push divide the sum by the number of ranks."""
+        return self._average
+
+    @average.setter
+    def average(self, value: bool) -> None:
+        self._average = bool(value)
+        self._plan.forget()
+
     @staticmethod
     def is_capable(capability: str) -> bool:
         """No optimizer on the store by default: Trainer then updates locally
@@ -149,40 +215,19 @@ class MPIKVStore(KVStoreBase):
             return False
         raise MPIKVStoreError("unknown capability %r" % (capability,))
 
-    # ------------------------------------------------------------ helpers
-    @staticmethod
-    def _name(verb: str, key: Key, arr) -> str:
-        """Describes a collective; ranks must agree on it (signature checks)."""
-        return "%s key=%r shape=%s %s" % (verb, key, tuple(arr.shape), np.dtype(arr.dtype))
+    # ------------------------------------------------------------ building calls
+    def _flags(self, dtype) -> int:
+        dtype = np.dtype(dtype)
+        flags = 0
+        if self._average and dtype in FLOAT_DTYPES:
+            flags |= _native.FLAG_AVERAGE
+        if self._compression == "fp16" and dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+            flags |= _native.FLAG_COMPRESS_FP16
+        return flags
 
-    def _check_first_use(self, key: Key, arr) -> None:
-        """Concurrent mode: before a key gets its communicator (a collective
-        over the store's communicator), check that every rank is at the same
-        key with the same shape and dtype, or say who differs."""
-        width = 160
-        rows = np.zeros((self._comm.size, width), dtype=np.uint8)
-        desc = self._name("allreduce/broadcast", key, arr).encode()[:width - 1]
-        rows[self._comm.rank, :len(desc)] = np.frombuffer(desc, dtype=np.uint8)
-        table = mx.nd.array(rows, dtype="uint8")
-        # rows are disjoint: the sum is an allgather
-        allreduce_(table, table, self._comm, name=self._name("first-use check of", key, arr))
-        got = [bytes(row).rstrip(b"\0").decode() for row in table.asnumpy()]
-        if len(set(got)) > 1:
-            raise MPIKVStoreError(
-                "ranks disagree on a collective (different key, shape or dtype, or keys first "
-                "used in a different order): "
-                + "; ".join("rank %d runs '%s'" % (r, g) for r, g in enumerate(got)))
-
-    def _remember(self, key: Key, value) -> None:
-        """Record a key's layout on first use; later uses must match it."""
-        _check_key(key)
-        meta = (tuple(value.shape), str(value.dtype))
-        seen = self._meta.setdefault(key, meta)
-        if seen != meta:
-            raise MPIKVStoreError("key %r was first used with shape %s and dtype %s, now %s "
-                                  "and %s" % (key, seen[0], seen[1], meta[0], meta[1]))
-
-    def _check_values(self, key: Key, values: list, outs: list | None) -> None:
+    def _checked(self, key: Key, values: list, outs: list | None, verb: str):
+        """Validate one key's arrays; its layout (recorded at first use)."""
+        check_key(key)
         if not values:
             raise MPIKVStoreError("no value given for key %r" % (key,))
         for i, v in enumerate(values):
@@ -191,7 +236,7 @@ class MPIKVStore(KVStoreBase):
         for i, o in enumerate(outs or []):
             check_array(o, "out %d of key %r" % (i, key), SPARSE_HINT)
             check_same_layout(values[0], o, "out %d of key %r" % (i, key))
-        self._remember(key, values[0])
+        return self._keys.layout(key, values[0])
 
     def _local_sum(self, key: Key, values: list):
         """One array holding the sum over this rank's devices (engine ops)."""
@@ -214,38 +259,81 @@ class MPIKVStore(KVStoreBase):
             if o is not src:
                 _legacy_view(src).copyto(_legacy_view(o))
 
-    def _route(self, key: Key, arr) -> dict:
-        """Communicator, chain variable and executor for a collective on `key`."""
-        if self._mode == "chained":
-            return {"comm": self._comm, "chain": modes.chain_var(), "executor": self._executor}
-        if self._mode == "funneled":
-            return {"comm": self._comm, "chain": None, "executor": self._executor}
-        comm = self._key_comms.get(key)
-        if comm is None:
-            # Collective over the store's communicator, at the key's first use,
-            # which comes in the same program order on every rank.
-            self._check_first_use(key, arr)
-            comm = self._key_comms[key] = self._comm.dup()
-            self._key_chains[key] = mx.nd.zeros((1,), ctx=mx.cpu())
-        return {"comm": comm, "chain": self._key_chains[key], "executor": self._executor}
+    def _item(self, op: int, verb: str, key: Key, src, dst, targets: list, priority: int,
+              flags: int = 0, root: int = 0) -> _Item:
+        """The collective of `op` from `src` into `dst`, then copies into `targets`;
+        device arrays go through host copies (engine ops keep the order)."""
+        info = self._keys.get(key)
+        post_copies = [t for t in targets if t is not dst]
+        if on_host(src) and on_host(dst):
+            a, b = src, dst
+            after = None
+        else:
+            a = b = mx.nd.empty(src.shape, ctx=mx.cpu_pinned(), dtype=src.dtype)
+            src.copyto(a)
+            after = dst
+        call = Call(op, [a], [b], dtype=info.dtype, shapes=[info.shape], desc=info.desc(verb),
+                    label="key %r" % (key,), root=root, priority=priority, flags=flags)
 
-    def _allreduce(self, key: Key, src, dst, priority: int) -> None:
-        route = self._route(key, src)
-        allreduce_(src, dst, route.pop("comm"), priority=priority,
-                   name=self._name("allreduce", key, src), **route)
+        def post():
+            if after is not None:
+                b.copyto(after)
+            self._fan_out(dst, post_copies)
 
-    def _broadcast(self, key: Key, src, dst, priority: int) -> None:
-        route = self._route(key, src)
-        broadcast_(src, dst, route.pop("comm"), root=0, priority=priority,
-                   name=self._name("broadcast", key, src), **route)
+        return _Item(call, post if (after is not None or post_copies) else None)
+
+    def _run(self, groups: list, build, op: int, verb: str) -> None:
+        """Build one item per (key, values, outs) group and push them all as one
+        batch; a group that fails still takes its place (a token), and the first
+        failure is raised once the batch is pushed."""
+        self._usable()
+        items, error = [], None
+        for k, values, outs in groups:
+            try:
+                items.append(build(k, values, outs))
+            except MPIKVStoreError as exc:
+                error = error or exc
+                items.append(_Item(self._keys.token(op, verb, k, values[0] if values else None,
+                                                    str(exc))))
+        if items:
+            self._stream.push([it.call for it in items])
+        for it in items:
+            if it.post is not None:
+                it.post()
+        if error is not None:
+            raise error
+
+    def _collective(self, op: int, verb: str, key: Key, src, dst, priority: int = 0,
+                    root: int = 0) -> None:
+        """One collective on `key` (layout recorded at first use), for the stores
+        built on this one; a failure still takes its place (a token)."""
+        def build(k, values, outs):
+            info = self._keys.layout(k, src)
+            return self._item(op, verb, k, src, dst, [dst], priority,
+                              self._flags(info.dtype) if op == _native.ALLREDUCE else 0, root)
+
+        self._run([(key, [src], [dst])], build, op, verb)
+
+    def _internal(self, op: int, arr, desc: str, root: int = 0) -> None:
+        """An in-place collective on a host array outside any key (its layout may
+        change between calls), described by `desc` (what ranks agree on)."""
+        self._usable()
+        self._stream.push([Call(op, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
+                                desc="%s shape=%s %s" % (desc, tuple(arr.shape),
+                                                         np.dtype(arr.dtype)),
+                                label=desc, root=root)])
 
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Copy rank 0's `value` into `out` (an array or list) on every rank."""
-        for k, values, outs in _broadcast_groups(key, value, out):
-            self._check_values(k, values, outs)
-            self._broadcast(k, values[0], outs[0], priority)
-            self._fan_out(outs[0], outs[1:])
+        groups = _broadcast_groups(key, value, out)
+
+        def build(k, values, outs):
+            self._checked(k, values, outs, "broadcast")
+            return self._item(_native.BROADCAST, "broadcast", k, values[0], outs[0], outs,
+                              priority)
+
+        self._run(groups, build, _native.BROADCAST, "broadcast")
 
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Sum `value` (an array, or one array per device) over devices and ranks;
@@ -255,40 +343,58 @@ class MPIKVStore(KVStoreBase):
             self.push(key, value, priority)
             self.pull(key, value if out is None else out, priority)
             return
-        for k, values, outs in _group(key, value, out):
-            self._check_values(k, values, outs)
+        self._reduce(_group(key, value, out), lambda k: priority)
+
+    def _reduce(self, groups: list, priority_of) -> None:
+        def build(k, values, outs):
+            info = self._checked(k, values, outs, "allreduce")
             src = self._local_sum(k, values)
-            targets = values if outs is None else outs
             dst = src if outs is None else outs[0]
-            self._allreduce(k, src, dst, priority)
-            self._fan_out(dst, targets)
+            return self._item(_native.ALLREDUCE, "allreduce", k, src, dst,
+                              values if outs is None else outs, priority_of(k),
+                              self._flags(info.dtype))
+
+        self._run(groups, build, _native.ALLREDUCE, "allreduce")
 
     def init(self, key, value) -> None:
         """Initialise `key` with rank 0's `value` (written back into `value` too)."""
-        for k, values, _ in _group(key, value, None):
-            self._check_values(k, values, None)
+        groups = _group(key, value, None)
+
+        def build(k, values, outs):
+            self._checked(k, values, None, "broadcast")
             stored = mx.nd.empty(values[0].shape, ctx=values[0].context, dtype=values[0].dtype)
-            self._broadcast(k, values[0], stored, 0)
-            self._fan_out(stored, values)
             self._stored[k] = stored
+            return self._item(_native.BROADCAST, "broadcast", k, values[0], stored,
+                              [stored] + values, 0)
+
+        self._run(groups, build, _native.BROADCAST, "broadcast")
 
     def push(self, key, value, priority: int = 0) -> None:
         """Sum `value` over devices and ranks into the stored value of `key`
         (or, with an optimizer set, apply the update to the stored weight)."""
-        for k, values, _ in _group(key, value, None):
-            self._check_values(k, values, None)
+        groups = _group(key, value, None)
+        updates = []
+
+        def build(k, values, outs):
+            info = self._checked(k, values, None, "allreduce")
+            if self._updater is not None and k not in self._stored:
+                raise MPIKVStoreError("push with an optimizer needs init(%r) first" % (k,))
             src = self._local_sum(k, values)
             if self._updater is None:
                 dst = self._stored.get(k)
                 if dst is None:
                     dst = self._stored[k] = mx.nd.empty(src.shape, ctx=src.context,
                                                         dtype=src.dtype)
-                self._allreduce(k, src, dst, priority)
             else:
-                if k not in self._stored:
-                    raise MPIKVStoreError("push with an optimizer needs init(%r) first" % (k,))
-                grad = mx.nd.empty(src.shape, ctx=src.context, dtype=src.dtype)
-                self._allreduce(k, src, grad, priority)
+                dst = mx.nd.empty(src.shape, ctx=src.context, dtype=src.dtype)
+                updates.append((k, dst))
+            return self._item(_native.ALLREDUCE, "allreduce", k, src, dst, [dst], priority,
+                              self._flags(info.dtype))
+
+        try:
+            self._run(groups, build, _native.ALLREDUCE, "allreduce")
+        finally:
+            for k, grad in updates:
                 self._updater(k, grad, self._stored[k])
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
@@ -296,7 +402,7 @@ class MPIKVStore(KVStoreBase):
         if out is None:
             raise MPIKVStoreError("pull needs `out`")
         for k, outs, _ in _group(key, out, None):
-            _check_key(k)
+            check_key(k)
             if k not in self._stored:
                 raise MPIKVStoreError("pull of key %r, which was never initialised: call "
                                       "init(key, value) or push(key, value) first" % (k,))
@@ -310,8 +416,23 @@ class MPIKVStore(KVStoreBase):
                               % (self.type, SPARSE_HINT))
 
     def set_gradient_compression(self, compression_params) -> None:
-        raise MPIKVStoreError("gradient compression is not supported by kvstore '%s'"
-                              % self.type)
+        """``{'type': 'fp16'}``: allreduce float32/float64 arrays as float16 on the
+        wire (half the bytes), summed in float32; ``{'type': 'none'}`` turns it off."""
+        if not isinstance(compression_params, dict) or "type" not in compression_params:
+            raise MPIKVStoreError("gradient compression takes a dict like {'type': 'fp16'}, "
+                                  "got %r" % (compression_params,))
+        kind = str(compression_params["type"]).lower()
+        if kind not in COMPRESSIONS:
+            raise MPIKVStoreError(
+                "gradient compression %r is not supported by kvstore '%s': supported types "
+                "are %s ('2bit'/'1bit' are MXNet parameter-server compressions with error "
+                "feedback, not implemented here)" % (kind, self.type, ", ".join(COMPRESSIONS)))
+        extra = set(compression_params) - {"type"}
+        if extra:
+            raise MPIKVStoreError("gradient compression %r takes no parameters, got %s"
+                                  % (kind, ", ".join(sorted(extra))))
+        self._compression = kind
+        self._plan.forget()
 
     def set_optimizer(self, optimizer) -> None:
         """Apply `optimizer` locally on every rank to values pushed with push();
@@ -337,29 +458,56 @@ class MPIKVStore(KVStoreBase):
             self._updater.set_states(f.read())
         self._optimizer = self._updater.optimizer
 
+    # ------------------------------------------------------------ uneven data
+    def join(self, params=None, updater=None) -> int:
+        """This rank has run out of data: take part in the collectives the other
+        ranks still run (contributing zeros to sums, receiving broadcasts) until
+        every rank has called join(); then all return. Returns the rank that ran
+        the most collectives (its state is the latest). With `params` (Gluon
+        parameters, or a dict name -> NDArray) and/or `updater` (an optimizer
+        updater, or a gluon Trainer), their values and optimizer states are
+        copied from that rank, so every rank continues identically."""
+        self._usable()
+        return join_store(self, params, updater)
+
     # ------------------------------------------------------------ Gluon glue
     def sync_initial_params(self, params: Sequence) -> None:
         """Broadcast initial values of Gluon `params` from rank 0 now, and of
         deferred-init ones as soon as their shapes are known (first forward),
         so every rank computes its first gradient on the same weights."""
+        keys, values, outs = [], [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
                 on_deferred_init(param, lambda arrays, idx=idx: self.broadcast(
                     idx, arrays[0], out=arrays))
             else:
                 arrays = param._check_and_get(param._data, list)
-                self.broadcast(idx, arrays[0], out=arrays)
+                keys.append(idx)
+                values.append(arrays[0])
+                outs.append(arrays)
+        if keys:
+            self.broadcast(keys, values, out=outs)
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool) -> None:
         """Trainer's gradient reduction, issued last parameter first: backprop
-        makes gradients ready from the output layer back, so the chain of
-        collectives follows readiness instead of waiting for the input layer."""
+        makes gradients ready from the output layer back, so collectives follow
+        readiness instead of waiting for the input layer. Built once, then one
+        native call per step while the gradient arrays stay the same."""
+        self._usable()
+        if self._updater is None and not update_on_kvstore and self._plan.push(params):
+            return
+        groups = []
         for i in reversed(range(len(params))):
             param = params[i]
             if param.grad_req == "null":
                 continue
             out = param.list_data() if update_on_kvstore else None
-            self.pushpull(i, param.list_grad(), out=out, priority=-i)
+            groups.append((i, param.list_grad(), out))
+        if self._updater is not None:
+            for k, grads, out in groups:
+                self.pushpull(k, grads, out=out, priority=-k)
+            return
+        self._reduce(groups, lambda k: -k)
 
     def __getstate__(self):
         raise pickle.PicklingError("an MPI kvstore cannot be pickled")

@@ -1,60 +1,62 @@
-"""Embedding modes: how a collective becomes a node of the engine's DAG.
+"""Embedding modes: how a store's collectives become nodes of the engine's DAG
+and reach MPI (the native side is kvstore/store.h).
 
 chained     every collective also writes one process-wide engine variable, so
             the engine releases collectives one at a time in push order, the
-            same order on every rank (all ranks push the same sequence). One
-            thread per store runs them with blocking MPI calls.
-funneled    one thread per store owns its communicator. Collectives get a
-            ticket at push time (push order, the same on every rank); engine
-            ops only mark their ticket ready. Each cycle the thread ANDs a
-            bitmask of locally ready tickets with its peers (one allreduce of
-            512 bytes) and runs exactly the tickets ready everywhere, in ticket
-            order, fusing small allreduces of one dtype into one buffer.
-concurrent  each key has its own communicator and its own engine variable.
-            Engine threads issue non-blocking collectives directly
-            (MPI_THREAD_MULTIPLE) and a progress thread completes them; keys
-            never match each other whatever order ranks issue them in, and one
-            key's collectives keep push order through its engine variable.
+            same order on every rank; the engine thread that runs the op runs
+            MPI itself, with blocking calls.
+funneled    one thread per store owns its communicator. Each cycle it ANDs a
+            bitmask of locally ready collectives with its peers and runs
+            exactly the ones ready everywhere, highest priority first, fusing
+            small allreduces into one buffer.
+concurrent  a lane for small arrays (fused when ready together) and lanes for
+            large ones, each with its own communicator and thread: large
+            transfers run side by side and never hold up small ones. Each lane
+            keeps push order.
+
+In every mode the ranks agree on each collective before its data moves
+(sequence number, description, sizes): a mismatch, a skipped collective or a
+rank-local failure is the same named error on every rank.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import threading
 import warnings
 
-import mxnet as mx
-
 from . import _native
+from .collectives import Stream
 from .errors import MPIKVStoreError
 from .settings import env_number
 from .world import THREAD_MULTIPLE, Communicator, thread_level
 
 MODES = ("chained", "funneled", "concurrent")
-# Measured best by benchmarks/overlap.py (README); it needs MPI_THREAD_MULTIPLE.
+# Measured best by benchmarks/overhead.py and benchmarks/overlap.py (README).
 DEFAULT_MODE = "concurrent"
 FALLBACK_MODE = "chained"
 ENV_VAR = "MXNET_MPI_MODE"
-FUSION_ENV = "MXNET_MPI_FUSION_BYTES"      # funneled: fuse allreduces up to this size
-CYCLE_ENV = "MXNET_MPI_CYCLE_US"           # funneled: wait after an empty agreement
+
+# Settings of the native streams (README "Settings"): env name -> default.
+STREAM_SETTINGS = {
+    "MXNET_MPI_FUSION_BYTES": 1 << 20,   # fuse ready allreduces up to this many bytes
+    "MXNET_MPI_SMALL_BYTES": 64 << 10,   # concurrent: arrays up to this share the small lane
+    "MXNET_MPI_CHUNK_BYTES": 1 << 20,    # large arrays move in chunks of this size
+    "MXNET_MPI_LARGE_LANES": 2,          # concurrent: lanes (threads) for large arrays
+    "MXNET_MPI_CYCLE_US": 200,           # funneled: pause after a cycle agreeing on nothing
+}
 
 _KINDS = {"chained": _native.EXEC_CHAINED, "funneled": _native.EXEC_FUNNELED,
           "concurrent": _native.EXEC_CONCURRENT}
-
-_chain = None
-_default_executor = None
-_chain_lock = threading.Lock()
 
 
 def resolve(name: str | None) -> str:
     """The mode to use: `name` if given, else $MXNET_MPI_MODE, else the default
     (which falls back to chained, with a warning, without MPI_THREAD_MULTIPLE)."""
     if name is None and ENV_VAR not in os.environ:
-        if DEFAULT_MODE == "concurrent" and thread_level() < THREAD_MULTIPLE:
+        if DEFAULT_MODE != "chained" and thread_level() < THREAD_MULTIPLE:
             warnings.warn("mxnet_mpi: this MPI provides no MPI_THREAD_MULTIPLE, which the "
-                          "default mode 'concurrent' needs; using mode '%s'" % FALLBACK_MODE,
-                          stacklevel=3)
+                          "default mode '%s' needs; using mode '%s'"
+                          % (DEFAULT_MODE, FALLBACK_MODE), stacklevel=3)
             return FALLBACK_MODE
         return DEFAULT_MODE
     mode = name if name is not None else os.environ[ENV_VAR]
@@ -66,47 +68,19 @@ def resolve(name: str | None) -> str:
     return mode
 
 
-def create_executor(mode: str, comm: Communicator) -> int:
-    """A native executor for `mode` over `comm` (collective for 'funneled')."""
-    if mode == "concurrent" and thread_level() < THREAD_MULTIPLE:
+def stream_options() -> dict:
+    """The native stream settings, from the environment."""
+    names = {"MXNET_MPI_FUSION_BYTES": "fusion_bytes", "MXNET_MPI_SMALL_BYTES": "small_bytes",
+             "MXNET_MPI_CHUNK_BYTES": "chunk_bytes", "MXNET_MPI_LARGE_LANES": "large_lanes",
+             "MXNET_MPI_CYCLE_US": "cycle_us"}
+    return {names[k]: int(env_number(k, v, int)) for k, v in STREAM_SETTINGS.items()}
+
+
+def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
+    """A native stream running `mode` over a private duplicate of `comm`
+    (collective over it)."""
+    if mode != "chained" and thread_level() < THREAD_MULTIPLE:
         raise MPIKVStoreError(
-            "mode 'concurrent' needs MPI_THREAD_MULTIPLE but this MPI provides thread level "
-            "%d; use mode 'funneled' or 'chained' (MXNET_MPI_MODE)" % thread_level())
-    out = ctypes.c_int()
-    _native.check(_native.LIB.mxmpi_executor_create(
-        _KINDS[mode], comm.id, env_number(FUSION_ENV, 2 << 20, int),
-        env_number(CYCLE_ENV, 200, int), ctypes.byref(out)))
-    return out.value
-
-
-def free_executor(executor: int) -> None:
-    _native.LIB.mxmpi_executor_free(executor)
-
-
-def chain_var():
-    """The process-wide engine variable (a 1-element array) that chains collectives.
-
-    One per process, shared by every chained store, so that two stores alive
-    at once cannot interleave their collectives differently on different ranks."""
-    global _chain
-    with _chain_lock:
-        if _chain is None:
-            _chain = mx.nd.zeros((1,), ctx=mx.cpu())
-        return _chain
-
-
-def default_executor() -> int:
-    """The process-wide chained executor used by the free functions
-    ``allreduce_``/``broadcast_`` when no executor is given."""
-    global _default_executor
-    with _chain_lock:
-        if _default_executor is None:
-            from .world import init
-            _default_executor = create_executor("chained", init())
-        return _default_executor
-
-
-def _forget() -> None:
-    """Native executors and arrays are gone after finalize()."""
-    global _default_executor
-    _default_executor = None
+            "mode '%s' needs MPI_THREAD_MULTIPLE but this MPI provides thread level %d; use "
+            "mode 'chained' (MXNET_MPI_MODE)" % (mode, thread_level()))
+    return Stream(_KINDS[mode], comm, name, **stream_options())

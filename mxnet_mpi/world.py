@@ -1,36 +1,47 @@
-"""The MPI world of this process: lazy initialisation, ranks, communicators.
+"""The MPI world of this process: lazy initialisation, ranks, communicators,
+and how the process leaves the job.
 
-MPI is initialised on first use (not at import), by the native library's
-owner thread, and finalised at interpreter exit after MXNet's engine has
-drained. A world of size 1 (no mpirun) behaves like any other.
+MPI is initialised on first use (not at import), by the native library's owner
+thread. At the end of the program every rank tells the others it is finishing
+(so a peer that still needs it fails at once, naming it, instead of waiting),
+waits for its own collectives, and MPI is finalised when the process exits: a
+non-zero exit status (``sys.exit(1)``, an uncaught exception) ends the whole job
+within seconds. A world of size 1 (no mpirun) behaves like any other.
+
+After ``os.fork()`` the child is not part of the job: it may compute and exit
+normally, but any use of MPI or of a store raises MPIKVStoreError.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import mxnet as mx
 
 from . import timeline
-from ._native import LIB, check
+from ._native import LIB, check, last_error
 from .errors import MPIKVStoreError
 from .settings import env_number
 
 THREAD_SERIALIZED = 2
 THREAD_MULTIPLE = 3
 
+log = logging.getLogger("mxnet_mpi")
+
 # Reliability settings, read once when MPI is initialised (README: "When
 # things go wrong"). name -> default
 SETTINGS = {
-    "MXNET_MPI_CHECK_SIGNATURES": 1.0,  # ranks agree on each collective (key, shape, dtype)
-    "MXNET_MPI_STALL_WARN_S": 60.0,     # warn about a collective waiting this long
-    "MXNET_MPI_STALL_ABORT_S": 600.0,   # abort the job when it has waited this long
-    "MXNET_MPI_HEALTH_INTERVAL_S": 1.0,  # period of the cross-rank health rounds; 0 = off
+    "MXNET_MPI_STALL_WARN_S": 60.0,     # warn about a wait this long
+    "MXNET_MPI_STALL_ABORT_S": 600.0,   # abort the job when a wait is this long
+    "MXNET_MPI_HEALTH_INTERVAL_S": 1.0,  # heartbeat period; 0 = no watchdog
 }
 
 
@@ -57,7 +68,8 @@ class Communicator:
         return comm
 
     def free(self) -> None:
-        if self.id > 0 and _state.world is not None:
+        """Release the communicator (stores made from it keep their own copy)."""
+        if self.id > 0 and _state.world is not None and not _state.forked:
             LIB.mxmpi_comm_free(self.id)
 
 
@@ -67,14 +79,29 @@ class _State:
     local_rank: int = 0
     local_size: int = 1
     thread_level: int = 0
+    forked: bool = False
+    exit_code: object = None
+    finalized: bool = False
 
 
 _state = _State()
 _lock = threading.Lock()
+_exit_hooks: list = []
+
+
+def require_usable() -> None:
+    """Raise MPIKVStoreError if this process cannot use MPI (a forked child)."""
+    if _state.forked:
+        raise MPIKVStoreError(
+            "mxnet_mpi: this process was forked from an MPI rank; a forked child must not "
+            "use MPI or mxnet_mpi's stores (it may compute and exit normally)")
+    if _state.finalized:
+        raise MPIKVStoreError("mxnet_mpi: MPI was finalised in this process")
 
 
 def init() -> Communicator:
     """Initialise MPI (idempotent) and return the world communicator."""
+    require_usable()
     with _lock:
         if _state.world is not None:
             return _state.world
@@ -82,17 +109,18 @@ def init() -> Communicator:
         if abort < warn:
             raise MPIKVStoreError("MXNET_MPI_STALL_ABORT_S (%g) must be >= "
                                   "MXNET_MPI_STALL_WARN_S (%g)" % (abort, warn))
-        LIB.mxmpi_configure(int(_setting("MXNET_MPI_CHECK_SIGNATURES")), warn, abort,
-                            _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
+        if os.environ.get("MXNET_MPI_CHECK_SIGNATURES", "1").strip() == "0":
+            warnings.warn("MXNET_MPI_CHECK_SIGNATURES=0 is ignored: ranks always agree on "
+                          "each collective before data moves (it is how they stay paired)",
+                          stacklevel=2)
+        LIB.mxmpi_configure(warn, abort, _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
+        _keep_mpi4py_from_finalizing()
         if timeline.requested():
             timeline.start()
-        # Open MPI's default non-blocking allreduce (what mode 'concurrent' uses)
-        # is ~2.5x slower than its blocking one for large arrays here; reduce-
-        # scatter + allgather (Rabenseifner) matches it (benchmarks/allreduce.py).
-        # Read by MPI_Init; the user's own setting wins.
-        os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
         out = [ctypes.c_int() for _ in range(5)]
-        check(LIB.mxmpi_init(THREAD_MULTIPLE, *[ctypes.byref(o) for o in out]))
+        rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[ctypes.byref(o) for o in out])
+        if rc != 0:
+            raise MPIKVStoreError(last_error())
         provided, rank, size, local_rank, local_size = (o.value for o in out)
         if provided < THREAD_SERIALIZED:
             LIB.mxmpi_finalize()
@@ -103,24 +131,78 @@ def init() -> Communicator:
         _state.world = Communicator(0, rank, size)
         _state.local_rank, _state.local_size = local_rank, local_size
         _state.thread_level = provided
-        atexit.register(finalize)
-        if size > 1 and os.environ.get("MXNET_MPI_ABORT_ON_EXCEPTION", "1") != "0":
-            _install_abort_hook()
+        atexit.register(_at_exit)
+        if size > 1:
+            _watch_exit_status()
+            if os.environ.get("MXNET_MPI_ABORT_ON_EXCEPTION", "1") != "0":
+                _install_abort_hook()
         return _state.world
 
 
-def finalize() -> None:
-    """Wait for MXNet's engine, then free communicators and finalise MPI."""
-    with _lock:
-        if _state.world is None:
-            return
+def _keep_mpi4py_from_finalizing() -> None:
+    """mpi4py, imported after MPI is up, would finalise MPI when Python exits,
+    under this library's threads; it is finalised here, with the exit status."""
+    try:
+        import mpi4py
+    except ImportError:
+        return
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.finalize = False
+
+
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` at the end of the program, after this rank announced its end
+    and its collectives completed, before MPI is finalised (latest first)."""
+    _exit_hooks.append(hook)
+
+
+def _finish() -> None:
+    """Announce the end of this rank's program, wait for its collectives, run the
+    exit hooks. Never raises: errors still pending are reported, not re-raised."""
+    LIB.mxmpi_announce_finish()
+    try:
         mx.nd.waitall()
-        if timeline.requested():
+    except Exception as exc:  # noqa: BLE001  (an error nobody waited for)
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        sys.stderr.write("mxnet_mpi: an operation failed and nobody waited for it: %s\n" % first)
+    while _exit_hooks:
+        hook = _exit_hooks.pop()
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001
+            sys.stderr.write("mxnet_mpi: at exit: %s\n" % exc)
+    if timeline.requested():
+        try:
             timeline.dump(timeline.requested(), _state.world.rank)
+        except Exception as exc:  # noqa: BLE001
+            sys.stderr.write("mxnet_mpi: cannot write the timeline: %s\n" % exc)
+
+
+def _at_exit() -> None:
+    if _state.forked or _state.world is None or _state.finalized:
+        return
+    code = _state.exit_code
+    if code not in (None, 0) and _state.world.size > 1:
+        sys.stderr.write("mxnet_mpi: rank %d is exiting with status %s; aborting the MPI job\n"
+                         % (_state.world.rank, code))
+        sys.stderr.flush()
+        LIB.mxmpi_abort(code if isinstance(code, int) and 0 < code < 256 else 1)
+    _finish()
+    # MPI itself is finalised by the native library when the process exits, with
+    # the exit status: a non-zero one aborts the job instead of waiting. (If
+    # mpi4py started MPI, it finalises it; the library lets go of it now.)
+    LIB.mxmpi_python_exit()
+
+
+def finalize() -> None:
+    """End this rank's part in the job now: announce it, wait for its
+    collectives, close every store and finalise MPI. Idempotent."""
+    with _lock:
+        if _state.world is None or _state.finalized or _state.forked:
+            return
+        _finish()
         LIB.mxmpi_finalize()
-        _state.world = None
-        from . import modes
-        modes._forget()
+        _state.finalized = True
 
 
 def _split(parent: int, color: int, key: int) -> Communicator | None:
@@ -149,6 +231,28 @@ def _install_abort_hook() -> None:
         LIB.mxmpi_abort(1)
 
     sys.excepthook = hook
+
+
+def _watch_exit_status() -> None:
+    """Remember the status given to sys.exit (argparse errors included): Python
+    runs exit handlers before it says how it exits."""
+    original = sys.exit
+
+    def exit(status=None):  # noqa: A001  (same name as what it replaces)
+        _state.exit_code = status
+        original(status)
+
+    exit.__doc__ = original.__doc__
+    sys.exit = exit
+
+
+def _forked_child() -> None:
+    # A child of a rank is not a rank, whether or not the parent had started MPI.
+    _state.forked = True
+    LIB.mxmpi_forked()
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 
 def world() -> Communicator:

@@ -78,11 +78,12 @@ def test_dist_sync_reaches_same_weights(tmp_path):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_trainer_issues_collectives_in_readiness_order(mode):
+def test_trainer_issues_collectives_in_readiness_order(mode, tmp_path):
     """Backprop makes the last layer's gradient ready first; collectives must
     start there, not wait for the whole backward pass (the script's gate holds
     back layer 0's gradient; see trainer_order.py). Every mode must overlap."""
-    proc = run_mpi(str(SCRIPTS / "trainer_order.py"), 2, env={"MXNET_MPI_MODE": mode})
+    proc = run_mpi(str(SCRIPTS / "trainer_order.py"), 2,
+                   env={"MXNET_MPI_MODE": mode, "MXNET_MPI_TIMELINE": str(tmp_path / "t.json")})
     order_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ORDER")][0]
     order = ast.literal_eval(order_line.split(" ", 1)[1])
     assert order == sorted(order, reverse=True) and len(order) == 8

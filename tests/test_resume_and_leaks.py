@@ -1,5 +1,7 @@
 """Checkpoint/resume follows the uninterrupted trajectory; no memory leaks."""
 
+import re
+
 import numpy as np
 import pytest
 from mpirun import run_mpi
@@ -26,3 +28,15 @@ def test_no_leak_over_10000_collectives(mode):
               if ln.startswith("RSS_GROWTH_MB")]
     assert len(growth) == 2
     assert max(growth) < 2, growth  # a leaked op record (~300 B) would show as ~3 MB
+
+
+@pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
+def test_store_churn_keeps_threads_and_memory_flat(mode):
+    """1,000 stores and Trainers created and dropped (or closed): their threads
+    and communicators go with them."""
+    proc = run_mpi("churn.py", 2, mode, "1000", timeout=180)
+    for line in [ln for ln in proc.stdout.splitlines() if ln.startswith("CHURN")]:
+        t0, t1, m0, m1 = (float(x) for x in re.findall(r"[\d.]+", line))
+        assert t1 == t0, line
+        assert m1 - m0 < 8, line  # MB, over 1,000 cycles
+    assert proc.stdout.count("CHURN") == 2

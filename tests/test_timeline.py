@@ -20,10 +20,8 @@ def test_timeline_one_event_per_collective(tmp_path, mode):
             data = json.load(f)
         events = data["traceEvents"]
         coll = [e for e in events if e.get("cat") == "collective"]
-        # 20 pushpulls + 1 broadcast by the script (+ the concurrent mode's
-        # first-use checks, which are collectives too: 6 keys)
-        extra = 6 if mode == "concurrent" else 0
-        assert len(coll) == 21 + extra
+        # 20 pushpulls + 1 broadcast by the script, in every mode
+        assert len(coll) == 21
         assert sum(e["name"].startswith("allreduce key=3 shape=(400,)") for e in coll) == 4
         for e in coll:
             a = e["args"]

@@ -1,13 +1,19 @@
 """Record the order in which Trainer issues collectives, and prove overlap:
 a gate holds back the first layer's gradient; the last layer's gradient must
-be fully allreduced while the gate is still closed (backprop not finished)."""
+be fully allreduced while the gate is still closed (backprop not finished).
 
+The order comes from the communication timeline (MXNET_MPI_TIMELINE, set by
+the test): collectives sorted by the time they were pushed."""
+
+import json
+import os
+import re
 import threading
 
 import mxnet as mx
 from mxnet import autograd, gluon
 
-import mxnet_mpi  # noqa: F401
+import mxnet_mpi
 
 GATE = threading.Event()
 
@@ -56,17 +62,6 @@ class Net(gluon.Block):
 net = Net()
 net.initialize()
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore="mpi")
-kv = trainer._kvstore_params["kvstore"]  # the store our patch created
-issued = []
-orig = kv.pushpull
-
-
-def recording_pushpull(key, value, out=None, priority=0):
-    issued.append(key)
-    orig(key, value, out=out, priority=priority)
-
-
-kv.pushpull = recording_pushpull
 x = mx.nd.random.uniform(shape=(16, 64))
 GATE.set()
 with autograd.record():
@@ -74,6 +69,14 @@ with autograd.record():
 loss.backward()
 trainer.step(1)
 mx.nd.waitall()
+trace = mxnet_mpi.timeline.dump(os.environ["MXNET_MPI_TIMELINE"], mxnet_mpi.rank())
+with open(trace) as f:
+    events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "collective"]
+issued = []
+for e in sorted(events, key=lambda e: e["args"]["enqueue_us"]):
+    m = re.match(r"allreduce keys?=\(?([0-9, ]+)\)?", e["name"])
+    if m:  # one key, or a group of one layer's keys ("keys=(7, 6)")
+        issued.extend(int(k) for k in m.group(1).replace(" ", "").split(",") if k)
 print("ORDER", issued)
 
 GATE.clear()

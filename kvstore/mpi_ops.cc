@@ -1,0 +1,429 @@
+// Blocking MPI calls on raw buffers for every collective kind, plus the
+// small helpers (dtypes, signatures) the rest of the library shares.
+#include "mpi_ops.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "ndarray_glue.h"
+
+namespace mxnet_mpi {
+
+// ---------------------------------------------------------------- helpers
+const char* OpName(OpKind op) {
+  switch (op) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+int DTypeSize(int dtype) {
+  switch (dtype) {
+    case kFloat32: case kInt32: return 4;
+    case kFloat64: case kInt64: return 8;
+    case kFloat16: return 2;
+    case kUint8: case kInt8: return 1;
+    default: return 0;
+  }
+}
+
+bool IsFloat(int dtype) { return dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16; }
+
+uint64_t Hash(const void* data, size_t n, uint64_t h) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t Signature(const Request& r) {
+  uint64_t h = Hash(r.desc.data(), r.desc.size());
+  // Not the priority: a scheduling hint that may differ between ranks.
+  const int64_t head[5] = {static_cast<int64_t>(r.op), r.dtype, r.root, r.flags,
+                           static_cast<int64_t>(r.parts.size())};
+  h = Hash(head, sizeof(head), h);
+  if (r.op == OpKind::kAllgather || r.op == OpKind::kAlltoall) {
+    h = Hash(&r.row, sizeof(r.row), h);  // first dimensions differ between ranks
+  } else {
+    for (const Part& p : r.parts) h = Hash(&p.count, sizeof(p.count), h);
+  }
+  return h >> 2;  // non-negative, and negatable without overflow (lane.cc)
+}
+
+MPI_Datatype MpiType(int dtype) {
+  switch (dtype) {
+    case kFloat32: return MPI_FLOAT;
+    case kFloat64: return MPI_DOUBLE;
+    case kFloat16: return MPI_UINT16_T;
+    case kUint8: return MPI_UINT8_T;
+    case kInt32: return MPI_INT32_T;
+    case kInt8: return MPI_INT8_T;
+    case kInt64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+std::string MpiError(const char* what, int code, const std::string& name) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, msg, &len);
+  return std::string("mxnet_mpi: ") + what + " failed for '" + name + "': " +
+         std::string(msg, len);
+}
+
+namespace {
+
+// float16 has no MPI datatype: sum it as 2-byte words with a user op that
+// adds in float32 and rounds once, which is what numpy does for float16.
+void HalfSum(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
+  const _Float16* a = static_cast<const _Float16*>(invec);
+  _Float16* b = static_cast<_Float16*>(inoutvec);
+  for (int i = 0; i < *len; ++i) {
+    b[i] = static_cast<_Float16>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+  }
+}
+
+MPI_Op SumOp(int dtype) {
+  static MPI_Op half = MPI_OP_NULL;
+  static std::once_flag once;
+  if (dtype != kFloat16) return MPI_SUM;
+  std::call_once(once, [] { MPI_Op_create(&HalfSum, /*commute=*/1, &half); });
+  return half;
+}
+
+template <typename T>
+void DivideAs(void* buf, int64_t n, int by) {
+  T* p = static_cast<T*>(buf);
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(by));
+}
+
+// The mean of a sum over `by` ranks, as numpy's `sum / by` (float dtypes).
+void Divide(void* buf, int64_t n, int dtype, int by) {
+  if (by <= 1) return;
+  switch (dtype) {
+    case kFloat32: DivideAs<float>(buf, n, by); break;
+    case kFloat64: DivideAs<double>(buf, n, by); break;
+    case kFloat16: {
+      _Float16* p = static_cast<_Float16*>(buf);
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<_Float16>(static_cast<float>(p[i]) / by);
+      break;
+    }
+    default: break;  // refused at push time
+  }
+}
+
+int64_t ChunkElems(int64_t chunk_bytes, int esize) {
+  const int64_t by_bytes = std::max<int64_t>(1, chunk_bytes / esize);
+  return std::min<int64_t>(by_bytes, INT_MAX / 8);
+}
+
+// Sum of n elements over the communicator, chunked; in == out means in place.
+std::string SumChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
+                       int64_t chunk_bytes, const std::string& name) {
+  const int esize = DTypeSize(dtype);
+  const int64_t step = ChunkElems(chunk_bytes, esize);
+  for (int64_t off = 0; off < n; off += step) {
+    const int len = static_cast<int>(std::min(step, n - off));
+    char* o = static_cast<char*>(out) + off * esize;
+    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
+    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), SumOp(dtype), comm);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
+  }
+  return "";
+}
+
+// Blocks of n elements over p ranks: the first n % p ranks get one more.
+void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs) {
+  counts->assign(p, 0);
+  displs->assign(p, 0);
+  int64_t at = 0;
+  for (int r = 0; r < p; ++r) {
+    (*counts)[r] = static_cast<int>(n / p + (r < n % p ? 1 : 0));
+    (*displs)[r] = static_cast<int>(at);
+    at += (*counts)[r];
+  }
+}
+
+template <typename T>
+void ToHalf(const void* src, _Float16* dst, int64_t n) {
+  const T* s = static_cast<const T*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<_Float16>(s[i]);
+}
+
+template <typename T>
+void FromHalf(const _Float16* src, void* dst, int64_t n) {
+  T* d = static_cast<T*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(src[i]);
+}
+
+// fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
+// its block (alltoall), sums them in float32 in rank order, rounds once, and
+// the rounded blocks are gathered everywhere. Bytes on the wire are those of
+// a reduce-scatter + allgather of float16: half of float32's.
+std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
+                          int divide_by, Scratch* s, const std::string& name) {
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  const int64_t window = std::max<int64_t>(p, (INT_MAX / 4 / p) * p);
+  const int esize = DTypeSize(dtype);
+  for (int64_t off = 0; off < n; off += window) {
+    const int64_t len = std::min(window, n - off);
+    std::vector<int> counts, displs;
+    Blocks(len, p, &counts, &displs);
+    int me = 0;
+    MPI_Comm_rank(comm, &me);
+    const int mine = counts[me];
+    auto* send = reinterpret_cast<_Float16*>(s->Get(&s->a, len * 2));
+    auto* recv = reinterpret_cast<_Float16*>(s->Get(&s->b, static_cast<size_t>(mine) * p * 2));
+    auto* block = reinterpret_cast<_Float16*>(s->Get(&s->c, static_cast<size_t>(mine) * 2 + 2));
+    const char* src = static_cast<const char*>(in) + off * esize;
+    if (in == nullptr) {
+      std::memset(send, 0, len * 2);
+    } else if (dtype == kFloat32) {
+      ToHalf<float>(src, send, len);
+    } else {
+      ToHalf<double>(src, send, len);
+    }
+    std::vector<int> rcounts(p, mine), rdispls(p);
+    for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
+    int rc = MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv,
+                           rcounts.data(), rdispls.data(), MPI_UINT16_T, comm);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoallv (fp16 compression)", rc, name);
+    for (int i = 0; i < mine; ++i) {
+      float acc = 0;
+      for (int r = 0; r < p; ++r) acc += static_cast<float>(recv[r * mine + i]);
+      if (divide_by > 1) acc /= divide_by;
+      block[i] = static_cast<_Float16>(acc);
+    }
+    rc = MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
+                        MPI_UINT16_T, comm);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Allgatherv (fp16 compression)", rc, name);
+    if (out == nullptr) continue;
+    char* dst = static_cast<char*>(out) + off * esize;
+    if (dtype == kFloat32) {
+      FromHalf<float>(send, dst, len);
+    } else {
+      FromHalf<double>(send, dst, len);
+    }
+  }
+  return "";
+}
+
+std::string Name(const Unit& u) {
+  if (u.members.empty()) return std::string(OpName(u.op)) + " (stand-in of a joined rank)";
+  if (u.members.size() == 1) return u.members[0]->desc;
+  return "fused(" + std::to_string(u.members.size()) + ") " + u.members[0]->desc + " ...";
+}
+
+// Members' inputs one after another (zeros when standing in for a joined rank).
+void Pack(const Unit& u, char* buf, int esize) {
+  if (u.joined) {
+    std::memset(buf, 0, static_cast<size_t>(u.total) * esize);
+    return;
+  }
+  for (const Request* r : u.members) {
+    for (const Part& part : r->parts) {
+      std::memcpy(buf, part.in, part.count * esize);
+      buf += part.count * esize;
+    }
+  }
+}
+
+void Unpack(Unit* u, const char* buf, int esize) {
+  for (Request* r : u->members) {
+    for (Part& part : r->parts) {
+      std::memcpy(part.out, buf, part.count * esize);
+      buf += part.count * esize;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- per kind
+std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+  const int esize = DTypeSize(u->dtype);
+  const std::string name = Name(*u);
+  const bool average = (u->flags & kAverage) != 0;
+  const bool compress = (u->flags & kCompressFp16) != 0 &&
+                        (u->dtype == kFloat32 || u->dtype == kFloat64);
+  if (u->members.size() == 1 && u->members[0]->parts.size() == 1 && !u->joined) {
+    Part& part = u->members[0]->parts[0];
+    if (compress) {
+      return CompressedSum(comm, part.in, part.out, part.count, u->dtype,
+                           average ? u->active : 1, s, name);
+    }
+    std::string err = SumChunked(comm, part.in, part.out, part.count, u->dtype, chunk_bytes,
+                                 name);
+    if (err.empty() && average) Divide(part.out, part.count, u->dtype, u->active);
+    return err;
+  }
+  // Several arrays (or none, standing in): one buffer, one collective.
+  if (compress) {
+    // Packed into `d`: CompressedSum works in a, b and c.
+    char* packed = s->Get(&s->d, static_cast<size_t>(u->total) * esize);
+    Pack(*u, packed, esize);
+    std::string err = CompressedSum(comm, packed, packed, u->total, u->dtype,
+                                    average ? u->active : 1, s, name);
+    if (err.empty() && !u->joined) Unpack(u, packed, esize);
+    return err;
+  }
+  char* buf = s->Get(&s->a, static_cast<size_t>(u->total) * esize);
+  Pack(*u, buf, esize);
+  std::string err = SumChunked(comm, buf, buf, u->total, u->dtype, chunk_bytes, name);
+  if (!err.empty() || u->joined) return err;
+  if (average) Divide(buf, u->total, u->dtype, u->active);
+  Unpack(u, buf, esize);
+  return "";
+}
+
+std::string RunBroadcast(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+  const int esize = DTypeSize(u->dtype);
+  const std::string name = Name(*u);
+  void* buf = nullptr;
+  if (u->joined) {
+    buf = s->Get(&s->a, static_cast<size_t>(u->total) * esize);
+  } else {
+    Part& part = u->members[0]->parts[0];
+    int me = 0;
+    MPI_Comm_rank(comm, &me);
+    if (me == u->root && part.in != part.out) std::memcpy(part.out, part.in, part.count * esize);
+    buf = part.out;
+  }
+  const int64_t step = ChunkElems(chunk_bytes, esize);
+  for (int64_t off = 0; off < u->total; off += step) {
+    const int len = static_cast<int>(std::min(step, u->total - off));
+    const int rc = MPI_Bcast(static_cast<char*>(buf) + off * esize, len, MpiType(u->dtype),
+                             u->root, comm);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Bcast", rc, name);
+  }
+  return "";
+}
+
+// A datatype of one first-dimension row, so counts stay within int.
+struct RowType {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  RowType(int64_t row, int dtype) {
+    MPI_Type_contiguous(static_cast<int>(row), MpiType(dtype), &t);
+    MPI_Type_commit(&t);
+  }
+  ~RowType() { MPI_Type_free(&t); }
+};
+
+std::string ToInts(const std::vector<int64_t>& v, std::vector<int>* out, std::vector<int>* displs,
+                   const std::string& name) {
+  out->resize(v.size());
+  displs->resize(v.size());
+  int64_t at = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] < 0 || v[i] > INT_MAX || at > INT_MAX)
+      return "mxnet_mpi: '" + name + "' moves more than 2^31 rows";
+    (*out)[i] = static_cast<int>(v[i]);
+    (*displs)[i] = static_cast<int>(at);
+    at += v[i];
+  }
+  return "";
+}
+
+std::string RunAllgather(MPI_Comm comm, Unit* u, Scratch* s) {
+  const std::string name = Name(*u);
+  if (u->row > INT_MAX) return "mxnet_mpi: rows of '" + name + "' are too large";
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  Part* part = u->joined ? nullptr : &u->members[0]->parts[0];
+  const int64_t my_rows = part ? part->count / u->row : 0;
+  std::vector<int64_t> rows(p);
+  int rc = MPI_Allgather(&my_rows, 1, MPI_INT64_T, rows.data(), 1, MPI_INT64_T, comm);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather (sizes)", rc, name);
+  int64_t total_rows = 0;
+  for (int64_t r : rows) total_rows += r;
+  std::vector<int> counts, displs;
+  std::string err = ToInts(rows, &counts, &displs, name);
+  if (!err.empty()) return err;
+  const size_t bytes = static_cast<size_t>(total_rows * u->row) * DTypeSize(u->dtype);
+  void* out = part ? ResizeFirstDim(part->out_nd, total_rows, &err) : s->Get(&s->a, bytes + 1);
+  if (!err.empty()) return err;
+  RowType rt(u->row, u->dtype);
+  rc = MPI_Allgatherv(part ? part->in : out, static_cast<int>(my_rows), rt.t, out,
+                      counts.data(), displs.data(), rt.t, comm);
+  return rc == MPI_SUCCESS ? "" : MpiError("MPI_Allgatherv", rc, name);
+}
+
+std::string RunAlltoall(MPI_Comm comm, Unit* u, Scratch* s) {
+  const std::string name = Name(*u);
+  if (u->row > INT_MAX) return "mxnet_mpi: rows of '" + name + "' are too large";
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  Request* r = u->joined ? nullptr : u->members[0];
+  std::vector<int64_t> send_rows = r ? r->splits : std::vector<int64_t>(p, 0);
+  std::vector<int64_t> recv_rows(p);
+  int rc = MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T, comm);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoall (splits)", rc, name);
+  std::vector<int> scounts, sdispls, rcounts, rdispls;
+  std::string err = ToInts(send_rows, &scounts, &sdispls, name);
+  if (err.empty()) err = ToInts(recv_rows, &rcounts, &rdispls, name);
+  if (!err.empty()) return err;
+  int64_t total_rows = 0;
+  for (int64_t x : recv_rows) total_rows += x;
+  const size_t bytes = static_cast<size_t>(total_rows * u->row) * DTypeSize(u->dtype);
+  void* out = r ? ResizeFirstDim(r->parts[0].out_nd, total_rows, &err) : s->Get(&s->a, bytes + 1);
+  if (!err.empty()) return err;
+  RowType rt(u->row, u->dtype);
+  rc = MPI_Alltoallv(r ? r->parts[0].in : out, scounts.data(), sdispls.data(), rt.t, out,
+                     rcounts.data(), rdispls.data(), rt.t, comm);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoallv", rc, name);
+  if (r && r->parts.size() > 1 && r->parts[1].out) {  // received splits, as int32
+    int32_t* rs = static_cast<int32_t*>(r->parts[1].out);
+    for (int i = 0; i < p; ++i) rs[i] = static_cast<int32_t>(recv_rows[i]);
+  }
+  return "";
+}
+
+std::string RunReduceScatter(MPI_Comm comm, Unit* u, Scratch* s) {
+  const std::string name = Name(*u);
+  int p = 1, me = 0;
+  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(comm, &me);
+  const int64_t rows = u->total / u->row;
+  std::vector<int64_t> per(p);
+  for (int r = 0; r < p; ++r) per[r] = (rows / p + (r < rows % p ? 1 : 0)) * u->row;
+  std::vector<int> counts, displs;
+  std::string err = ToInts(per, &counts, &displs, name);
+  if (!err.empty()) return err;
+  const int esize = DTypeSize(u->dtype);
+  const void* in = nullptr;
+  void* out = nullptr;
+  if (u->joined) {
+    char* zeros = s->Get(&s->a, static_cast<size_t>(u->total) * esize + 1);
+    std::memset(zeros, 0, static_cast<size_t>(u->total) * esize);
+    in = zeros;
+    out = s->Get(&s->b, static_cast<size_t>(per[me]) * esize + 1);
+  } else {
+    in = u->members[0]->parts[0].in;
+    out = u->members[0]->parts[0].out;
+  }
+  const int rc = MPI_Reduce_scatter(in, out, counts.data(), MpiType(u->dtype), SumOp(u->dtype),
+                                    comm);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_scatter", rc, name);
+  if (!u->joined && (u->flags & kAverage)) Divide(out, per[me], u->dtype, u->active);
+  return "";
+}
+
+}  // namespace
+
+std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+  if (u->total == 0 && u->op != OpKind::kAllgather && u->op != OpKind::kAlltoall) return "";
+  switch (u->op) {
+    case OpKind::kAllreduce: return RunAllreduce(comm, u, s, chunk_bytes);
+    case OpKind::kBroadcast: return RunBroadcast(comm, u, s, chunk_bytes);
+    case OpKind::kAllgather: return RunAllgather(comm, u, s);
+    case OpKind::kAlltoall: return RunAlltoall(comm, u, s);
+    case OpKind::kReduceScatter: return RunReduceScatter(comm, u, s);
+  }
+  return "mxnet_mpi: unknown collective";
+}
+
+}  // namespace mxnet_mpi

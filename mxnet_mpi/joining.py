@@ -1,0 +1,163 @@
+"""join(): how ranks with uneven amounts of data finish together.
+
+A rank that has run out of data calls join(). It then takes part in every
+collective its peers still run (contributing zeros to sums, receiving
+broadcasts), until every rank has joined. Ranks that joined early skipped
+their optimizer updates for the peers' extra steps, so afterwards the
+parameters and optimizer states of the rank that ran the most collectives
+(the latest state) are copied to every rank, when given.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import mxnet as mx
+import numpy as np
+
+from . import _native
+from .errors import MPIKVStoreError
+
+
+def _internal(store, op: int, arr, desc: str, root: int = 0) -> None:
+    store._internal(op, arr, desc, root)
+
+
+def latest_rank(store, issued: int) -> int:
+    """The rank that had issued the most collectives on `store` (`issued` on
+    this rank) before joining: its state is the latest (lowest rank on ties)."""
+    counts = np.zeros((store.num_workers,), dtype=np.int64)
+    counts[store.rank] = issued
+    table = mx.nd.array(counts, dtype="int64")
+    _internal(store, _native.ALLREDUCE, table, "join: collectives issued per rank")
+    return int(np.argmax(table.asnumpy()))
+
+
+def _param_arrays(params) -> list:
+    """[(name, [arrays of every device])] of Gluon parameters or a name -> NDArray dict."""
+    if hasattr(params, "items"):
+        items = sorted(params.items(), key=lambda kv: kv[0])
+    else:
+        items = [(p.name, p) for p in params]
+    out = []
+    for name, p in items:
+        if isinstance(p, mx.nd.NDArray):
+            out.append((name, [p]))
+        elif hasattr(p, "list_data"):
+            if p._data is None:
+                continue  # deferred, never initialised: nothing to copy
+            out.append((name, p.list_data()))
+        else:
+            raise MPIKVStoreError("join(params=...) takes Gluon parameters or a dict of "
+                                  "NDArrays, got %s for %r" % (type(p).__name__, name))
+    return out
+
+
+def broadcast_from(store, root: int, params) -> None:
+    """Copy `params` from rank `root` to every rank of `store`."""
+    for name, arrays in _param_arrays(params):
+        first = arrays[0]
+        host = first if first.context.device_type == "cpu" else first.as_in_context(mx.cpu())
+        _internal(store, _native.BROADCAST, host, "join: parameter %s" % name, root=root)
+        for a in arrays:
+            if a is not host:
+                host.copyto(a)
+
+
+def _updaters(updater) -> list:
+    if updater is None:
+        return []
+    if isinstance(updater, mx.gluon.Trainer):
+        if not updater._kv_initialized:
+            return []
+        return list(updater._updaters)
+    if hasattr(updater, "get_states") and hasattr(updater, "set_states"):
+        return [updater]
+    raise MPIKVStoreError("join(updater=...) takes an optimizer updater or a gluon.Trainer, got "
+                          "%s" % type(updater).__name__)
+
+
+def broadcast_states(store, root: int, updater) -> None:
+    """Copy the optimizer states (and the optimizer's counters) from rank `root`."""
+    ups = _updaters(updater)
+    if not ups:
+        return
+    blob = ups[0].get_states(dump_optimizer=True) if store.rank == root else b""
+    size = mx.nd.array([len(blob)], dtype="int64")
+    _internal(store, _native.BROADCAST, size, "join: optimizer state size", root=root)
+    n = int(size.asscalar())
+    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if store.rank == root
+                      else np.zeros(n, dtype=np.uint8), dtype="uint8")
+    _internal(store, _native.BROADCAST, buf, "join: optimizer states", root=root)
+    if store.rank == root:
+        return
+    states = buf.asnumpy().tobytes()
+    for up in ups:  # as Trainer.load_states does: one optimizer shared by all
+        up.set_states(states)
+        up.optimizer = ups[0].optimizer
+    if isinstance(updater, mx.gluon.Trainer):
+        updater._optimizer = ups[0].optimizer
+        updater._optimizer.param_dict = {i: p for i, p in enumerate(updater._params)}
+
+
+def join_store(store, params=None, updater=None) -> int:
+    """See MPIKVStore.join."""
+    issued = store._stream.info()[0]
+    store._stream.join()
+    root = latest_rank(store, issued)
+    if params is not None:
+        broadcast_from(store, root, params)
+    if updater is not None:
+        broadcast_states(store, root, updater)
+    mx.nd.waitall()
+    return root
+
+
+_stores: weakref.WeakSet = weakref.WeakSet()
+
+
+def register(store) -> None:
+    """Remember an open store, for join() with no argument."""
+    _stores.add(store)
+
+
+def join(target=None) -> int:
+    """This rank has run out of data (uneven shards): call join() and it keeps
+    taking part in what the other ranks still run, until all have joined.
+
+    `target`: a ``gluon.Trainer`` on one of our stores (its parameters and
+    optimizer states are then copied from the rank that ran the most steps),
+    a store, or None for every open store at once. Returns the rank whose
+    state is the latest."""
+    if isinstance(target, mx.gluon.Trainer):
+        store = target._kvstore
+        if store is None or not hasattr(store, "join"):
+            raise MPIKVStoreError("join(trainer): the trainer's kvstore is %r, not an MPI store "
+                                  "(create the Trainer with kvstore='mpi' and step it once)"
+                                  % (store.type if store is not None else None,))
+        return store.join(params=target._params, updater=target)
+    if target is not None:
+        return target.join()
+    stores = [s for s in list(_stores) if not s._closed]
+    if len(stores) == 1:
+        return stores[0].join()
+    # Several stores: join them at once, or a peer still using one would wait
+    # on this rank while it waits in another's join.
+    results: dict = {}
+
+    def run(s):
+        try:
+            results[id(s)] = s.join()
+        except Exception as exc:  # noqa: BLE001  (re-raised below)
+            results[id(s)] = exc
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results.values():
+        if isinstance(r, Exception):
+            raise r
+    return min(results.values()) if results else 0

@@ -1,0 +1,88 @@
+"""What a store knows about its keys: the layout each was first used with and
+its descriptions (computed once), and how a failed call still takes its place
+in the sequence (as a token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from .collectives import DTYPE_CODES, Call, token_call
+from .errors import MPIKVStoreError
+
+Key = Any  # int or str
+
+
+def check_key(key) -> None:
+    """Raise MPIKVStoreError unless `key` is an int or a str."""
+    if not isinstance(key, (int, str)) or isinstance(key, bool):
+        raise MPIKVStoreError("kvstore keys must be int or str, got %r of type %s"
+                              % (key, type(key).__name__))
+
+
+class KeyInfo:
+    """The layout of a key (from its first use) and its descriptions."""
+
+    __slots__ = ("key", "shape", "dtype", "_descs")
+
+    def __init__(self, key: Key, shape: tuple, dtype) -> None:
+        self.key = key
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self._descs: dict = {}
+
+    def desc(self, verb: str) -> str:
+        """What ranks agree on for `verb` of this key (key, shape, dtype)."""
+        text = self._descs.get(verb)
+        if text is None:
+            text = self._descs[verb] = "%s key=%r shape=%s %s" % (verb, self.key, self.shape,
+                                                                   self.dtype)
+        return text
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class KeyBook:
+    """Layouts of a store's keys. A key keeps the shape and dtype of its first use."""
+
+    def __init__(self) -> None:
+        self._keys: dict = {}
+
+    def get(self, key: Key) -> KeyInfo | None:
+        return self._keys.get(key)
+
+    def layout(self, key: Key, arr) -> KeyInfo:
+        """The key's layout; records `arr`'s at first use, else checks it matches."""
+        shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
+        info = self._keys.get(key)
+        if info is None:
+            info = self._keys[key] = KeyInfo(key, shape, dtype)
+        elif info.shape != shape or info.dtype != dtype:
+            raise MPIKVStoreError("key %r was first used with shape %s and dtype %s, now %s "
+                                  "and %s" % (key, info.shape, info.dtype, shape, dtype))
+        return info
+
+    def token(self, op: int, verb: str, key: Key, value, reason: str) -> Call:
+        """The token a failed call on `key` leaves in the sequence, described as
+        its peers describe the real collective (the key's known layout)."""
+        info = self._keys.get(key) if _hashable(key) else None
+        if info is not None:
+            shape, dtype, desc = info.shape, info.dtype, info.desc(verb)
+        elif isinstance(value, mx.nd.NDArray) and np.dtype(value.dtype) in DTYPE_CODES:
+            shape, dtype = tuple(value.shape), np.dtype(value.dtype)
+            desc = "%s key=%r shape=%s %s" % (verb, key, shape, dtype)
+        else:
+            shape, dtype, desc = (), np.dtype(np.float32), "%s key=%r" % (verb, key)
+        return token_call(op, dtype, [shape], desc, "key %r" % (key,), reason)
+
+
+def _hashable(key) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,92 @@
+"""Uneven data: ranks with different numbers of batches.
+
+  mpirun -np N python uneven.py MODE SCENARIO
+
+join      rank r trains 2 + 3 r steps (SGD with momentum), then calls
+          mxnet_mpi.join(trainer). Every rank must end with the weights of a
+          single process that, at each step, sums the gradients of the ranks
+          that still had data (the joined ones contribute nothing), and with the
+          same optimizer state (checked by one more step on every rank).
+no_join   the same, but ranks just end their program: the ranks that still
+          train must fail fast, naming the rank that finished.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+import mxnet_mpi
+
+mode, scenario = sys.argv[1], sys.argv[2]
+RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
+STEPS = [2 + 3 * r for r in range(SIZE)]
+BATCH = 4
+
+
+def batch(r: int, step: int):
+    rng = np.random.RandomState(1000 * r + step)
+    return mx.nd.array(rng.randn(BATCH, 5)), mx.nd.array(rng.randn(BATCH, 2))
+
+
+def model():
+    net = mx.gluon.nn.Dense(2, in_units=5)
+    net.initialize(mx.init.Constant(0.1))
+    return net
+
+
+def loss_of(net, x, y):
+    return ((net(x) - y) ** 2).sum()
+
+
+def reference(extra_step: bool) -> np.ndarray:
+    """One process: at each step the summed gradient of the ranks with data."""
+    net = model()
+    for p in net.collect_params().values():
+        p.grad_req = "add"
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+                               {"learning_rate": 0.05, "momentum": 0.9})
+    for step in range(max(STEPS) + (1 if extra_step else 0)):
+        for p in net.collect_params().values():
+            p.zero_grad()
+        for r in range(SIZE):
+            if step < STEPS[r] or step == max(STEPS):
+                x, y = batch(r, step)
+                with mx.autograd.record():
+                    loss = loss_of(net, x, y)
+                loss.backward()
+        trainer.step(BATCH)
+    return net.weight.data().asnumpy()
+
+
+net = model()
+trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9},
+                           kvstore="mpi_" + mode)
+for step in range(STEPS[RANK]):
+    x, y = batch(RANK, step)
+    with mx.autograd.record():
+        loss = loss_of(net, x, y)
+    loss.backward()
+    trainer.step(BATCH)
+net.weight.data().wait_to_read()
+if scenario == "no_join":
+    print("rank %d ends its program at %.3f" % (RANK, time.time()), flush=True)
+    sys.exit(0)
+root = mxnet_mpi.join(trainer)
+# One more step on every rank: equal optimizer states give equal weights.
+step = max(STEPS)
+x, y = batch(RANK, step)
+with mx.autograd.record():
+    loss = loss_of(net, x, y)
+loss.backward()
+trainer.step(BATCH)
+got = net.weight.data().asnumpy()
+want = reference(extra_step=True)
+print("rank %d root %d maxdiff %.3g checksum %.9g" % (RANK, root, np.abs(got - want).max(),
+                                                      got.sum()), flush=True)
+assert root == SIZE - 1, root
+assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+print("rank %d JOIN OK" % RANK, flush=True)

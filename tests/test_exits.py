@@ -1,0 +1,102 @@
+"""How ranks leave a job (fault injection by the test: signals by PID, exits):
+a stopped rank is named by the live ones within the warning setting and the
+job aborts at the abort setting; an exit on one rank (sys.exit, SystemExit,
+argparse) ends the job within seconds naming it; a forked child exits
+cleanly; errors pending at exit never turn into an abort of a clean end."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env, run_mpi
+
+FAST = {"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "8",
+        "MXNET_MPI_HEALTH_INTERVAL_S": "0.2"}
+READY = re.compile(r"rank (\d) pid (\d+) ready")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
+def test_stopped_rank_is_named_then_the_job_aborts(mode):
+    cmd = [MPIRUN, "-np", "2", "--oversubscribe", sys.executable, str(SCRIPTS / "exits.py"),
+           "stopped", mode]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env(FAST), cwd=str(ROOT), start_new_session=True)
+    pids = {}
+    try:
+        for line in proc.stdout:
+            m = READY.search(line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+            if len(pids) == 2:
+                break
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.time()
+        out, err = proc.communicate(timeout=90)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids.values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    warnings = [ln for ln in err.splitlines() if "stall warning" in ln and "[rank 0]" in ln]
+    assert warnings, err[-3000:]
+    assert any("Missing ranks: 1 (not answering" in w for w in warnings), warnings
+    aborts = [ln for ln in err.splitlines() if "MXNET_MPI_STALL_ABORT_S=8" in ln
+              and "aborting the MPI job" in ln]
+    assert aborts and "1 (not answering" in aborts[0], err[-3000:]
+    assert took < 8 + 20, took
+    time.sleep(1)
+    assert not alive(pids[1]) and not alive(pids[0])
+
+
+@pytest.mark.parametrize("scenario,status", [("sys_exit", 1), ("raise_exit", 3),
+                                             ("argparse", 2)])
+def test_exit_on_one_rank_ends_the_job_fast(scenario, status):
+    t0 = time.time()
+    proc = run_mpi("exits.py", 2, scenario, "concurrent", env=FAST, check=False, timeout=90)
+    took = time.time() - t0
+    assert proc.returncode != 0
+    named = ("rank 1 is exiting with status %d" % status in proc.stderr
+             or "rank 1 finished its program" in proc.stderr)
+    assert named, proc.stderr[-3000:]
+    assert took < 30, took  # long before the 8 s stall abort would matter, or 600 s
+    assert "rank 0 finished" not in proc.stdout
+
+
+def test_forked_child_exits_cleanly_and_may_not_use_the_store():
+    proc = run_mpi("exits.py", 2, "fork", "concurrent", env=FAST, timeout=90)
+    assert proc.stdout.count("child exited with status 0") == 2, proc.stdout
+    assert proc.stdout.count("store refused:") == 2 and "forked" in proc.stdout
+    assert proc.stdout.count("finished fork") == 2
+
+
+def test_error_nobody_waited_for_does_not_abort_a_clean_end():
+    proc = run_mpi("exits.py", 2, "pending_error", "chained", env=FAST, timeout=90)
+    assert "nobody waited for it" in proc.stderr and "ranks disagree" in proc.stderr
+    for bad in ("terminate called", "Exception ignored", "Aborted"):
+        assert bad not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_caught_error_then_exit_1_ends_cleanly_with_status():
+    proc = run_mpi("exits.py", 2, "caught_exit1", "chained", env=FAST, check=False, timeout=90)
+    assert proc.returncode != 0
+    assert proc.stdout.count("caught the error") == 2
+    assert "is exiting with status 1" in proc.stderr
+    for bad in ("terminate called", "Exception ignored"):
+        assert bad not in proc.stderr, proc.stderr[-3000:]

@@ -1,0 +1,36 @@
+"""Uneven data finishes cleanly: join() lets a rank that ran out of data take
+part in what the others still run, then every rank continues with the weights
+and optimizer state of the rank that ran the most steps; without join, a rank
+that finished its program is named at once instead of after the stall abort."""
+
+import re
+import time
+
+import pytest
+from mpirun import run_mpi
+
+MODES = ["chained", "funneled", "concurrent"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_join_gives_identical_weights_equal_to_one_process(mode):
+    # rank r trains 2 + 3 r steps; the reference is one process summing, at each
+    # step, the gradients of the ranks that still had data (see uneven.py)
+    proc = run_mpi("uneven.py", 3, mode, "join", timeout=120)
+    assert proc.stdout.count("JOIN OK") == 3, proc.stdout
+    sums = set(re.findall(r"checksum (\S+)", proc.stdout))
+    assert len(sums) == 1, proc.stdout
+    assert set(re.findall(r"root (\d+)", proc.stdout)) == {"2"}
+
+
+@pytest.mark.parametrize("mode", ["chained", "concurrent"])
+def test_finished_rank_is_named_at_once_without_join(mode):
+    t0 = time.time()
+    proc = run_mpi("uneven.py", 3, mode, "no_join", timeout=120, check=False,
+                   env={"MXNET_MPI_STALL_WARN_S": "60", "MXNET_MPI_STALL_ABORT_S": "600"})
+    took = time.time() - t0
+    assert proc.returncode != 0
+    assert "rank 0 finished its program after issuing 4 collectives" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "call join()" in proc.stderr
+    assert took < 45, took  # not the 60 s stall warning, nor the 600 s abort
