@@ -42,7 +42,6 @@ struct OpParam {
   Lane* lane = nullptr;
   Request proto;                          // everything but the data pointers
   std::vector<NDArrayHandle> ins, outs;   // ins[i] == outs[i] when in place
-  std::vector<void*> resize;              // Python's own out arrays (allgather/alltoall)
   NDArrayHandle aux = nullptr;
   bool ran = false;
   bool sync = false;
@@ -78,18 +77,15 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   param.ran = true;
   Request r = param.proto;
   if (g_timeline_on) r.t_ready = NowUs();
-  const bool resizing = r.op == OpKind::kAllgather || r.op == OpKind::kAlltoall;
   auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>();
   const int esize = DTypeSize(r.dtype);
   for (size_t i = 0; i < param.ins.size(); ++i) {
     Part& part = r.parts[i];
-    if (part.count == 0 && !resizing) continue;
-    PlainData d = resizing ? GetPlainData(param.ins[i], param.ins[i], part.count * esize)
-                           : GetPlainData(param.ins[i], param.outs[i], part.count * esize);
+    if (part.count == 0 && part.out_count <= 0) continue;
+    PlainData d = GetPlainData(param.ins[i], param.outs[i], part.count * esize);
     if (!d.error.empty()) r.token = d.error;  // still take part: peers learn why
     part.in = d.in;
-    part.out = resizing ? nullptr : d.out;
-    if (resizing) part.out_nd = param.resize[i];
+    part.out = d.out;
     if (d.keep) keep->push_back(d.keep);
   }
   if (param.aux) {
@@ -197,7 +193,7 @@ std::string Validate(const Store& store, const CallDesc& c,
         err = CheckArray(c.outs[i], c.dtype, nullptr, -1, mine, "out" + idx + " of " + label);
         break;
       }
-      default:  // allgather/alltoall: resized by the collective
+      default:  // allgather/alltoall: its size is checked against what ranks send
         err = CheckArray(c.outs[i], c.dtype, nullptr, kAnyShape, 0, "out" + idx + " of " + label);
         break;
     }
@@ -306,6 +302,8 @@ std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls
     NDArrayHandle chain = nullptr;
     if (err.empty() && chained) chain = ChainVar(&err);
     Request proto = Proto(c, shapes);
+    if (err.empty() && (proto.op == OpKind::kAllgather || proto.op == OpKind::kAlltoall))
+      for (int k = 0; k < c.nparts; ++k) proto.parts[k].out_count = SizeOf(c.outs[k]);
     proto.sig = Signature(proto);
     if (g_timeline_on) proto.t_enqueue = NowUs();
     proto.seq = store->NextSeq();
@@ -341,7 +339,6 @@ std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls
         break;
       }
       param->ins.push_back(in);
-      param->resize.push_back(c.outs[k]);
     }
     if (copy_err.empty() && c.aux && MXShallowCopyNDArray(c.aux, &param->aux) != 0)
       copy_err = MXGetLastError();

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <mutex>
 
-#include "ndarray_glue.h"
 
 namespace mxnet_mpi {
 
@@ -344,8 +343,11 @@ std::string RunAllgather(MPI_Comm comm, Unit* u, Scratch* s) {
   std::string err = ToInts(rows, &counts, &displs, name);
   if (!err.empty()) return err;
   const size_t bytes = static_cast<size_t>(total_rows * u->row) * DTypeSize(u->dtype);
-  void* out = part ? ResizeFirstDim(part->out_nd, total_rows, &err) : s->Get(&s->a, bytes + 1);
-  if (!err.empty()) return err;
+  if (part && part->out_count != total_rows * u->row)
+    return "MPIKVStoreError: mxnet_mpi: the output of '" + name + "' has " +
+           std::to_string(part->out_count / u->row) + " rows, but the ranks send " +
+           std::to_string(total_rows) + " (the sizes given do not match the ranks' arrays)";
+  void* out = part ? part->out : s->Get(&s->a, bytes + 1);
   RowType rt(u->row, u->dtype);
   rc = MPI_Allgatherv(part ? part->in : out, static_cast<int>(my_rows), rt.t, out,
                       counts.data(), displs.data(), rt.t, comm);
@@ -369,8 +371,11 @@ std::string RunAlltoall(MPI_Comm comm, Unit* u, Scratch* s) {
   int64_t total_rows = 0;
   for (int64_t x : recv_rows) total_rows += x;
   const size_t bytes = static_cast<size_t>(total_rows * u->row) * DTypeSize(u->dtype);
-  void* out = r ? ResizeFirstDim(r->parts[0].out_nd, total_rows, &err) : s->Get(&s->a, bytes + 1);
-  if (!err.empty()) return err;
+  if (r && r->parts[0].out_count != total_rows * u->row)
+    return "MPIKVStoreError: mxnet_mpi: the output of '" + name + "' has " +
+           std::to_string(r->parts[0].out_count / u->row) + " rows, but the ranks send " +
+           std::to_string(total_rows) + " (the splits given do not match the ranks' arrays)";
+  void* out = r ? r->parts[0].out : s->Get(&s->a, bytes + 1);
   RowType rt(u->row, u->dtype);
   rc = MPI_Alltoallv(r ? r->parts[0].in : out, scounts.data(), sdispls.data(), rt.t, out,
                      rcounts.data(), rdispls.data(), rt.t, comm);

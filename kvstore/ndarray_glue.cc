@@ -112,23 +112,8 @@ PlainData GetPlainData(NDArrayHandle in_h, NDArrayHandle out_h, size_t bytes) {
   return d;
 }
 
-void* ResizeFirstDim(void* nd_ptr, int64_t rows, std::string* err) {
-  try {
-    auto* nd = static_cast<mxnet::NDArray*>(nd_ptr);
-    mxnet::TShape shape = nd->shape();
-    if (shape.ndim() < 1) {
-      *err = "mxnet_mpi: the output of an allgather/alltoall needs at least one dimension";
-      return nullptr;
-    }
-    if (shape[0] != rows) {
-      shape[0] = rows;
-      nd->ReshapeAndAlloc(shape);
-    }
-    return nd->data().dptr_;
-  } catch (const std::exception& e) {
-    *err = std::string("mxnet_mpi: cannot resize the output: ") + e.what();
-    return nullptr;
-  }
+int64_t SizeOf(NDArrayHandle h) {
+  return static_cast<int64_t>(static_cast<const mxnet::NDArray*>(h)->shape().Size());
 }
 
 }  // namespace mxnet_mpi

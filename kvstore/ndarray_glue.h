@@ -35,9 +35,8 @@ struct PlainData {
 // on the variable this op holds: a deadlock. Reorder synchronously instead.
 PlainData GetPlainData(NDArrayHandle in, NDArrayHandle out, size_t bytes);
 
-// Gives `nd` (an mxnet::NDArray*) `rows` first-dimension rows, keeping the
-// other dimensions; returns its data pointer (nullptr and *err on failure).
-void* ResizeFirstDim(void* nd, int64_t rows, std::string* err);
+// Elements of an array.
+int64_t SizeOf(NDArrayHandle h);
 
 }  // namespace mxnet_mpi
 

@@ -43,7 +43,7 @@ struct Part {
   const void* in = nullptr;  // may equal out (in place)
   void* out = nullptr;
   int64_t count = 0;         // elements of `in`
-  void* out_nd = nullptr;    // mxnet::NDArray* to resize (allgather/alltoall)
+  int64_t out_count = -1;    // elements of `out` (allgather/alltoall: checked)
 };
 
 struct Request {
