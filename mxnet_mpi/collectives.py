@@ -119,6 +119,9 @@ class Stream:
         self.comm = comm
         self.name = name
         self.sync = engine_is_synchronous()
+        self._sync = int(self.sync)
+        self._failed = ctypes.c_int(-1)
+        self._failed_ref = ctypes.byref(self._failed)
         if store_id is not None:
             self.id = store_id
             return
@@ -140,8 +143,7 @@ class Stream:
 
     def push_raw(self, array, n: int) -> None:
         """Push a prebuilt ctypes array (or pointer) of `n` CallDesc."""
-        failed = ctypes.c_int(-1)
-        if LIB.mxmpi_store_push(self.id, array, n, int(self.sync), ctypes.byref(failed)) != 0:
+        if LIB.mxmpi_store_push(self.id, array, n, self._sync, self._failed_ref) != 0:
             require_usable()
             raise MPIKVStoreError(_native.last_error())
 

@@ -24,18 +24,18 @@ def _internal(store, op: int, arr, desc: str, root: int = 0) -> None:
     store._internal(op, arr, desc, root)
 
 
-def latest_rank(store, issued: int) -> int:
-    """The rank that had issued the most collectives on `store` (`issued` on
-    this rank) before joining: its state is the latest (lowest rank on ties)."""
+def issued_per_rank(store, issued: int) -> np.ndarray:
+    """What every rank had issued on `store` before joining (`issued` here)."""
     counts = np.zeros((store.num_workers,), dtype=np.int64)
     counts[store.rank] = issued
     table = mx.nd.array(counts, dtype="int64")
     _internal(store, _native.ALLREDUCE, table, "join: collectives issued per rank")
-    return int(np.argmax(table.asnumpy()))
+    return table.asnumpy()
 
 
 def _param_arrays(params) -> list:
-    """[(name, [arrays of every device])] of Gluon parameters or a name -> NDArray dict."""
+    """[(name, [arrays of every device])] of Gluon parameters, or of a dict
+    name -> NDArray (or list of the NDArrays of every device)."""
     if hasattr(params, "items"):
         items = sorted(params.items(), key=lambda kv: kv[0])
     else:
@@ -44,6 +44,8 @@ def _param_arrays(params) -> list:
     for name, p in items:
         if isinstance(p, mx.nd.NDArray):
             out.append((name, [p]))
+        elif isinstance(p, (list, tuple)) and p and all(isinstance(a, mx.nd.NDArray) for a in p):
+            out.append((name, list(p)))
         elif hasattr(p, "list_data"):
             if p._data is None:
                 continue  # deferred, never initialised: nothing to copy
@@ -105,11 +107,13 @@ def join_store(store, params=None, updater=None) -> int:
     """See MPIKVStore.join."""
     issued = store._stream.info()[0]
     store._stream.join()
-    root = latest_rank(store, issued)
-    if params is not None:
-        broadcast_from(store, root, params)
-    if updater is not None:
-        broadcast_states(store, root, updater)
+    counts = issued_per_rank(store, issued)
+    root = int(np.argmax(counts))  # the latest state; the lowest such rank
+    if counts.min() != counts.max():  # some rank skipped updates: copy the latest
+        if params is not None:
+            broadcast_from(store, root, params)
+        if updater is not None:
+            broadcast_states(store, root, updater)
     mx.nd.waitall()
     return root
 

@@ -172,6 +172,52 @@ def _patch_module() -> None:
     module_mod._create_kvstore = _patched_create_kvstore(module_mod._create_kvstore)
 
 
+class _JoiningIter:
+    """A Module.fit training iterator that, when this rank's epoch runs out,
+    joins the module's store (uneven shards finish together, then continue
+    from the state of the rank that ran the most batches)."""
+
+    def __init__(self, data, module) -> None:
+        self._data = data
+        self._module = module
+        self._it = None
+
+    def __iter__(self):
+        self._it = iter(self._data)
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            kv = getattr(self._module, "_kvstore", None)
+            if isinstance(kv, MPIKVStore) and hasattr(kv, "join"):
+                group = self._module._exec_group
+                params = dict(zip(group.param_names, group.param_arrays))
+                params.update(zip(group.aux_names, group.aux_arrays))
+                kv.join(params=params, updater=getattr(self._module, "_updater", None))
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._data, name)
+
+
+def _patch_module_fit() -> None:
+    BaseModule = mx.module.BaseModule
+    orig_fit = BaseModule.fit
+
+    @functools.wraps(orig_fit)
+    def fit(self, train_data, *args, **kwargs):
+        names = orig_fit.__code__.co_varnames[2:orig_fit.__code__.co_argcount]
+        kvstore = kwargs.get("kvstore", args[names.index("kvstore")]
+                             if len(args) > names.index("kvstore") else "local")
+        if is_ours(kvstore) and not isinstance(train_data, _JoiningIter):
+            train_data = _JoiningIter(train_data, self)
+        return orig_fit(self, train_data, *args, **kwargs)
+
+    BaseModule.fit = fit
+
+
 def apply() -> None:
     """Install the patches once (idempotent)."""
     global _applied
@@ -181,4 +227,5 @@ def apply() -> None:
     mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
     _patch_trainer()
     _patch_module()
+    _patch_module_fit()
     _applied = True

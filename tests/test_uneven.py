@@ -34,3 +34,12 @@ def test_finished_rank_is_named_at_once_without_join(mode):
         proc.stderr[-3000:]
     assert "call join()" in proc.stderr
     assert took < 45, took  # not the 60 s stall warning, nor the 600 s abort
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_module_fit_with_uneven_shards_finishes_in_sync(mode):
+    """MXNet's fit.py case: shards of 2, 5, 8 batches. Module.fit with our store
+    joins at each epoch end by itself: exit 0 and identical weights."""
+    proc = run_mpi("module_uneven.py", 3, mode, timeout=120)
+    sums = re.findall(r"MODULE_CHECKSUM (\S+)", proc.stdout)
+    assert len(sums) == 3 and len(set(sums)) == 1, proc.stdout
