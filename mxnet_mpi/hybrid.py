@@ -152,6 +152,7 @@ class HybridKVStore(MPIKVStore):
 
     dist_type = "dist_sync"          # MXNet store between groups (set by subclasses)
     supports_sparse = True           # row_sparse keys go through the server
+    supports_join = False            # servers wait for every group's push each step
 
     def __init__(self, mode: str | None = None, route: str | None = None,
                  ranks_per_group: int | None = None) -> None:
@@ -237,6 +238,14 @@ class HybridKVStore(MPIKVStore):
     def type(self) -> str:
         """'dist_sync_mpi' or 'dist_async_mpi'."""
         return self.dist_type + "_mpi"
+
+    def join(self, params=None, updater=None) -> int:
+        """Not available: the parameter server waits for a push from every
+        group at each step, so a group cannot stop early. Give every rank the
+        same number of batches (MXNet's fit.py does so for 'dist' stores)."""
+        raise MPIKVStoreError("join() is not supported by kvstore '%s': its parameter servers "
+                              "expect a push from every group at each step; give every rank "
+                              "the same number of batches" % self.type)
 
     @property
     def rank(self) -> int:

@@ -143,7 +143,7 @@ def join(target=None) -> int:
         return store.join(params=target._params, updater=target)
     if target is not None:
         return target.join()
-    stores = [s for s in list(_stores) if not s._closed]
+    stores = [s for s in list(_stores) if not s._closed and s.supports_join]
     if len(stores) == 1:
         return stores[0].join()
     # Several stores: join them at once, or a peer still using one would wait

@@ -480,6 +480,10 @@ class MPIKVStore(KVStoreBase):
         self._optimizer = self._updater.optimizer
 
     # ------------------------------------------------------------ uneven data
+    #: Whether join() can even out this store's ranks (the hybrid stores cannot:
+    #: their servers wait for a push from every group each step).
+    supports_join = True
+
     def join(self, params=None, updater=None) -> int:
         """This rank has run out of data: take part in the collectives the other
         ranks still run (contributing zeros to sums, receiving broadcasts) until

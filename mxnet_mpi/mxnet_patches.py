@@ -191,7 +191,7 @@ class _JoiningIter:
             return next(self._it)
         except StopIteration:
             kv = getattr(self._module, "_kvstore", None)
-            if isinstance(kv, MPIKVStore) and hasattr(kv, "join"):
+            if isinstance(kv, MPIKVStore) and kv.supports_join:
                 group = self._module._exec_group
                 params = dict(zip(group.param_names, group.param_arrays))
                 params.update(zip(group.aux_names, group.aux_arrays))
