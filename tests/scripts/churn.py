@@ -2,7 +2,7 @@
 threads and memory must stay flat (stores free their threads and
 communicators when closed or collected).
 
-  mpirun -np 2 python churn.py MODE CYCLES
+  mpirun -np 2 python churn.py MODE CYCLES     (MODE 'all': the modes in turn)
 prints "CHURN threads A -> B rss_mb C -> D" after a warm-up of 20 cycles.
 """
 
@@ -16,7 +16,7 @@ import mxnet as mx
 import mxnet_mpi  # noqa: F401
 
 mode, cycles = sys.argv[1], int(sys.argv[2])
-store = "mpi_" + mode
+MODES = ["chained", "funneled", "concurrent"] if mode == "all" else [mode]
 a = mx.nd.ones((100,))
 x = mx.nd.ones((4, 3))
 
@@ -31,6 +31,7 @@ def rss_mb() -> float:
 
 
 def cycle(i: int) -> None:
+    store = "mpi_" + MODES[(i // 3) % len(MODES)]   # each mode gets each kind of cycle
     if i % 3 == 0:  # a store, dropped
         kv = mx.kv.create(store)
         kv.pushpull(0, a)
