@@ -172,6 +172,19 @@ def teardown(children: list, grace: float) -> None:
             c.thread.join(timeout=2)
 
 
+def through_runner(command: list) -> list:
+    """`command` with a Python script or module run by ``python -m mxnet_mpi``,
+    so launched scripts need no ``import mxnet_mpi``; other commands unchanged."""
+    if len(command) < 2 or not Path(command[0]).name.startswith("python"):
+        return list(command)
+    rest = command[1:]
+    if rest[:2] == ["-m", "mxnet_mpi"] or rest[:1] == ["-mmxnet_mpi"]:
+        return list(command)
+    if rest[0] == "-m" or not rest[0].startswith("-"):   # python -m MOD ... / python SCRIPT ...
+        return [command[0], "-m", "mxnet_mpi", *rest]
+    return list(command)   # other interpreter options: leave the command alone
+
+
 def parse_args(argv: list) -> argparse.Namespace:
     """The launcher's options; exits with status 2 on bad ones."""
     ap = argparse.ArgumentParser(
@@ -262,7 +275,7 @@ def main(argv: list | None = None) -> int:
             cmd += ["-x", name]
         if args.hostfile:
             cmd += ["--hostfile", args.hostfile]
-        cmd += args.mpirun_arg + args.command
+        cmd += args.mpirun_arg + through_runner(args.command)
         mpirun = Child("mpirun", cmd, env, prefix_output=False)
         children.append(mpirun)
         log("pids: %s" % " ".join("%s=%d" % (c.name.replace(" ", ""), c.pid)

@@ -1,0 +1,43 @@
+"""An unchanged MXNet script: no `import mxnet_mpi`, the store named by a string.
+
+  python -m mxnet_mpi plain_mxnet.py KVSTORE [fail|exit3]
+
+fail: the last rank raises after the first step; exit3: every rank calls sys.exit(3)
+after it.
+
+Rank r's gradient is [r + 1, 0]; with lr 1 and batch 1 one step leaves the
+weight at -(sum over ranks of r + 1) when the ranks really communicate, and
+at -(r + 1) when each trains alone. Prints "WEIGHT <rank> <w0> <w1>".
+"""
+
+import os
+import sys
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+kvstore = sys.argv[1]
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+print("name %s argv %s runner %s" % (__name__, sys.argv[1:], "mxnet_mpi" in sys.modules),
+      flush=True)
+net = gluon.nn.Dense(1, in_units=2, use_bias=False)
+net.initialize(mx.init.Constant(0.0))
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1.0}, kvstore=kvstore)
+x = mx.nd.array([[rank + 1.0, 0.0]])
+with autograd.record():
+    loss = net(x).sum()
+loss.backward()
+trainer.step(1)
+w = net.weight.data().asnumpy().ravel()
+print("WEIGHT %d %g %g" % (rank, w[0], w[1]), flush=True)
+if "exit3" in sys.argv[2:]:
+    sys.exit(3)
+if "fail" in sys.argv[2:] and rank == size - 1:
+    raise ValueError("boom in the user's script")
+for _ in range(200):   # the other ranks go on training: the failure must end them
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    trainer.step(1)
+    net.weight.data().wait_to_read()

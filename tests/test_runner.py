@@ -1,0 +1,60 @@
+"""`python -m mxnet_mpi SCRIPT`: unchanged scripts (no `import mxnet_mpi`) really
+communicate, keep their argv, exit status and tracebacks; the launcher runs
+every rank through it."""
+
+import re
+import subprocess
+import sys
+
+import launching
+from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
+
+PLAIN = str(SCRIPTS / "plain_mxnet.py")
+
+
+def weights(out: str) -> dict:
+    return {int(r): (float(a), float(b)) for r, a, b in re.findall(r"WEIGHT (\d) (\S+) (\S+)", out)}
+
+
+def runner(*args: str, np_: int = 1, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "mxnet_mpi", *args]
+    if np_ > 1:
+        cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=str(ROOT),
+                          timeout=timeout, start_new_session=True)
+
+
+def test_unchanged_script_sums_across_ranks():
+    proc = runner(PLAIN, "mpi", np_=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # -(1 + 2): the ranks summed their gradients (alone they would hold -1 and -2)
+    assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout
+    assert proc.stdout.count("name __main__ argv ['mpi'] runner True") == 2
+
+
+def test_exit_status_and_traceback_are_the_scripts():
+    proc = runner(PLAIN, "mpi", "exit3")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    proc = runner(PLAIN, "mpi_chained", "fail")
+    assert proc.returncode == 1
+    tb = proc.stderr[proc.stderr.index("Traceback"):]
+    assert 'plain_mxnet.py", line' in tb and "ValueError: boom in the user's script" in tb
+    assert "runner.py" not in tb and "runpy" not in tb, tb
+
+
+def test_failure_on_every_rank_ends_the_job():
+    proc = runner(PLAIN, "mpi", "fail", np_=2)
+    assert proc.returncode != 0
+    assert "raised ValueError; aborting the MPI job" in proc.stderr
+
+
+def test_usage_and_missing_script():
+    assert runner().returncode == 2
+    proc = runner("no_such_script.py")
+    assert proc.returncode == 2 and "no_such_script.py" in proc.stderr
+
+
+def test_launcher_runs_unchanged_scripts_through_the_runner():
+    # hybrid store, one group per rank, a real ps-lite server: no import in the script
+    proc = launching.run(2, 2, 1, [sys.executable, PLAIN, "dist_sync_mpi"])
+    assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout[-3000:]
