@@ -130,9 +130,10 @@ def _patch_module() -> None:
     def init_optimizer(self, kvstore="local", optimizer="sgd",
                        optimizer_params=(("learning_rate", 0.01),), force_init=False):
         kv = resolve(kvstore)
-        if kv is not None and isinstance(optimizer, str):
-            # MXNet divides by num_workers for dist_sync; do the same so a
-            # Module script follows the same trajectory with either store.
+        if kv is not None and isinstance(optimizer, str) and "async" not in kv.type:
+            # MXNet divides by num_workers for synchronous dist stores only (not
+            # for dist_async); do the same so a Module script follows the same
+            # trajectory with ours as with MXNet's store of the same kind.
             optimizer_params = dict(optimizer_params)
             optimizer_params.setdefault(
                 "rescale_grad", 1.0 / (self._exec_group.batch_size * kv.num_workers))

@@ -155,7 +155,8 @@ def test_module_fit_dist_sync_mpi(tmp_path):
     script = str(SCRIPTS / "module_train.py")
     proc = launch(N, GROUPS, 1, [sys.executable, script, "--kvstore", "dist_sync_mpi",
                                  "--outdir", str(tmp_path / "hyb")])
-    assert proc.stdout.count("kvstore type dist_sync_mpi") == N
+    # as MXNet's dist_sync: gradients divided by batch size x workers
+    assert proc.stdout.count("kvstore type dist_sync_mpi rescale_grad %r" % (1 / (8 * N))) == N
     subprocess.run([sys.executable, script, "--reference", str(N), "--outdir",
                     str(tmp_path / "ref")], check=True, env=mpi_env(), cwd=str(ROOT),
                    timeout=120, capture_output=True)
@@ -163,6 +164,16 @@ def test_module_fit_dist_sync_mpi(tmp_path):
     ranks = [(dict(np.load(tmp_path / "hyb" / ("rank%d.npz" % r))), None) for r in range(N)]
     assert_ranks_identical(ranks)
     assert_close(ranks[0][0], ref, "Module with dist_sync_mpi and one process")
+
+
+def test_module_fit_dist_async_mpi_rescales_like_dist_async(tmp_path):
+    """MXNet divides gradients by the number of workers for synchronous dist
+    stores only: dist_async_mpi must take dist_async's step size (1/batch)."""
+    script = str(SCRIPTS / "module_train.py")
+    proc = launch(N, GROUPS, 1, [sys.executable, script, "--kvstore", "dist_async_mpi",
+                                 "--outdir", str(tmp_path / "hyb")])
+    assert proc.stdout.count("kvstore type dist_async_mpi rescale_grad %r" % (1 / 8)) == N, \
+        proc.stdout[-3000:]
 
 
 def test_misconfiguration_errors():

@@ -47,4 +47,5 @@ mod.fit(it, num_epoch=2, kvstore=kvstore, optimizer="sgd",
 arg, _ = mod.get_params()
 os.makedirs(args.outdir, exist_ok=True)
 np.savez(os.path.join(args.outdir, "rank%d.npz" % rank), **{k: v.asnumpy() for k, v in arg.items()})
-print("rank %d done, kvstore type %s" % (rank, getattr(mod._kvstore, "type", None)), flush=True)
+print("rank %d done, kvstore type %s rescale_grad %r"
+      % (rank, getattr(mod._kvstore, "type", None), mod._optimizer.rescale_grad), flush=True)
