@@ -9,6 +9,7 @@ initialised on first use.
 
 from . import hybrid, mxnet_patches, stores
 from .collectives import SUPPORTED_DTYPES, allreduce_, broadcast_
+from .consistency import check_consistency
 from .errors import MPIKVStoreError
 from .hybrid import HybridKVStore
 from .joining import join
@@ -21,7 +22,8 @@ mxnet_patches.apply()
 __all__ = [
     "DEFAULT_MODE", "MODES", "HybridKVStore", "MPIKVStore", "MPIKVStoreError",
     "SUPPORTED_DTYPES",
-    "allreduce_", "broadcast_", "finalize", "init", "join", "local_rank", "local_size", "rank",
+    "allreduce_", "broadcast_", "check_consistency", "finalize", "init", "join", "local_rank",
+    "local_size", "rank",
     "hybrid", "size", "stores", "world",
 ]
 __version__ = "0.1.0"

@@ -56,12 +56,12 @@ def _param_arrays(params) -> list:
     return out
 
 
-def broadcast_from(store, root: int, params) -> None:
+def broadcast_from(store, root: int, params, why: str = "join") -> None:
     """Copy `params` from rank `root` to every rank of `store`."""
     for name, arrays in _param_arrays(params):
         first = arrays[0]
         host = first if first.context.device_type == "cpu" else first.as_in_context(mx.cpu())
-        _internal(store, _native.BROADCAST, host, "join: parameter %s" % name, root=root)
+        _internal(store, _native.BROADCAST, host, "%s: parameter %s" % (why, name), root=root)
         for a in arrays:
             if a is not host:
                 host.copyto(a)

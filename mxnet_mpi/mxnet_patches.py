@@ -14,6 +14,7 @@ import os
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
+from .consistency import PeriodicCheck
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 
@@ -114,8 +115,21 @@ def _patch_trainer() -> None:
             return kvstore, True
         return orig_sparse_create(kvstore)
 
+    def checked(orig):
+        @functools.wraps(orig)
+        def run(self, *args, **kwargs):
+            result = orig(self, *args, **kwargs)
+            if isinstance(self._kvstore, MPIKVStore):
+                if not hasattr(self, "_mxmpi_check"):
+                    self._mxmpi_check = PeriodicCheck()
+                self._mxmpi_check.tick(self, self._kvstore)
+            return result
+        return run
+
     Trainer.__init__ = __init__
     Trainer._allreduce_grads = _allreduce_grads
+    Trainer.step = checked(Trainer.step)
+    Trainer.update = checked(Trainer.update)
     trainer_mod._create_kvstore = _patched_create_kvstore(trainer_mod._create_kvstore)
     trainer_mod._create_sparse_kvstore = _create_sparse_kvstore
 
@@ -167,7 +181,20 @@ def _patch_module() -> None:
         # then MXNet's own local update, on the reduced gradients
         return orig_update(param_arrays, grad_arrays, updater, num_device, None, param_names)
 
+    orig_update_module = Module.update
+
+    @functools.wraps(orig_update_module)
+    def update(self):
+        orig_update_module(self)
+        if isinstance(self._kvstore, MPIKVStore):
+            if not hasattr(self, "_mxmpi_check"):
+                self._mxmpi_check = PeriodicCheck()
+            group = self._exec_group
+            self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)),
+                                   self._kvstore)
+
     Module.init_optimizer = init_optimizer
+    Module.update = update
     module_mod._initialize_kvstore = _initialize_kvstore
     module_mod._update_params = _update_params
     module_mod._create_kvstore = _patched_create_kvstore(module_mod._create_kvstore)

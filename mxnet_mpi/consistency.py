@@ -1,0 +1,152 @@
+"""Weight consistency check: are the parameters still bit-identical on every rank?
+
+With our stores every rank applies the optimizer to its own copy of the
+weights, after the same summed gradients; nothing compares the copies again.
+They can still drift apart: MXNet itself is not bit-deterministic everywhere
+(oneDNN kernels with NAG after an inference pass drift by ~1e-6 per pass with
+no kvstore at all), a rank can load another checkpoint, or user code can touch
+one rank's weights. Drift is silent and grows. This check hashes every
+parameter's bytes and compares the hashes across ranks with one small
+collective; on a difference it warns naming the first differing parameter and
+the ranks that differ, re-broadcasts rank 0's weights, or raises.
+
+Opt in with ``MXNET_MPI_CONSISTENCY_EVERY=N`` (every N ``Trainer.step`` /
+``Trainer.update`` / ``Module.update`` calls; 0, the default, turns it off and
+costs nothing) and ``MXNET_MPI_CONSISTENCY_ACTION=warn|broadcast|raise``, or
+call :func:`check_consistency` yourself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+
+import mxnet as mx
+import numpy as np
+
+from . import _native
+from .errors import MPIKVStoreError
+from .joining import broadcast_from
+from .settings import env_number
+
+EVERY_ENV = "MXNET_MPI_CONSISTENCY_EVERY"
+ACTION_ENV = "MXNET_MPI_CONSISTENCY_ACTION"
+ACTIONS = ("warn", "broadcast", "raise")
+
+
+def every() -> int:
+    """The check period from the environment (0: off)."""
+    return int(env_number(EVERY_ENV, 0, int))
+
+
+def default_action() -> str:
+    action = os.environ.get(ACTION_ENV, "warn").strip().lower()
+    if action not in ACTIONS:
+        raise MPIKVStoreError("%s must be one of %s, got %r"
+                              % (ACTION_ENV, ", ".join(ACTIONS), action))
+    return action
+
+
+def _digest(arr: mx.nd.NDArray) -> int:
+    """A 62-bit hash of the array's bytes (so that -h never overflows int64)."""
+    data = np.ascontiguousarray(arr.asnumpy())
+    h = hashlib.blake2b(data.tobytes(), digest_size=8)
+    h.update(str((data.shape, data.dtype.str)).encode())
+    return int.from_bytes(h.digest(), "little") >> 2
+
+
+def _named_arrays(target) -> list:
+    """[(name, first device's array)] of a Trainer's, a ParameterDict's or a
+    dict's parameters, in a rank-independent order."""
+    if isinstance(target, mx.gluon.Trainer):
+        target = target._params
+    if hasattr(target, "items"):
+        items = sorted(target.items(), key=lambda kv: kv[0])
+    else:
+        items = sorted(((p.name, p) for p in target), key=lambda kv: kv[0])
+    out = []
+    for name, p in items:
+        if isinstance(p, mx.nd.NDArray):
+            out.append((name, p))
+        elif isinstance(p, (list, tuple)) and p:
+            out.append((name, p[0]))
+        elif hasattr(p, "list_data"):
+            if p._data is not None:   # deferred, never initialised: nothing to compare
+                out.append((name, p.list_data()[0]))
+        else:
+            raise MPIKVStoreError("check_consistency takes a Trainer, Gluon parameters or a "
+                                  "dict of NDArrays; got %s for %r" % (type(p).__name__, name))
+    return out
+
+
+def _store_of(target, store):
+    if store is not None:
+        return store
+    kv = getattr(target, "_kvstore", None)
+    if kv is None or not hasattr(kv, "_internal"):
+        raise MPIKVStoreError("check_consistency needs an mxnet_mpi store: pass store=, or a "
+                              "Trainer whose kvstore is one (after its first step)")
+    return kv
+
+
+def hashes_per_rank(kv, hashes: np.ndarray) -> np.ndarray:
+    """[ranks x parameters] table of every rank's hashes (one allreduce of a table
+    that is zero except for this rank's row: exact in int64)."""
+    comm = kv._comm
+    table = np.zeros((comm.size, hashes.size), dtype=np.int64)
+    table[comm.rank] = hashes
+    arr = mx.nd.array(table, dtype="int64")
+    kv._internal(_native.ALLREDUCE, arr, "consistency check: parameter hashes")
+    return arr.asnumpy()
+
+
+def check_consistency(target, store=None, action: str | None = None) -> list[str]:
+    """Compare every parameter of `target` (a Trainer, Gluon parameters, or a
+    dict name -> NDArray) across the ranks of `store` (default: the Trainer's
+    store; for hybrid stores, the ranks of this group). Collective: every rank
+    must call it. Returns the names of the parameters that differ (the same
+    list on every rank). `action` (default $MXNET_MPI_CONSISTENCY_ACTION or
+    'warn'): 'warn' names the first differing parameter and its ranks;
+    'broadcast' also copies rank 0's values of every parameter to every rank;
+    'raise' raises MPIKVStoreError."""
+    action = default_action() if action is None else action
+    if action not in ACTIONS:
+        raise MPIKVStoreError("action must be one of %s, got %r" % (", ".join(ACTIONS), action))
+    kv = _store_of(target, store)
+    named = _named_arrays(target)
+    if not named:
+        return []
+    table = hashes_per_rank(kv, np.array([_digest(a) for _, a in named], dtype=np.int64))
+    bad = [i for i in range(len(named)) if (table[:, i] != table[0, i]).any()]
+    if not bad:
+        return []
+    differ = [named[i][0] for i in bad]
+    ranks = [r for r in range(table.shape[0]) if table[r, bad[0]] != table[0, bad[0]]]
+    text = ("mxnet_mpi: weights differ across ranks in %d parameter(s); first %r, where rank(s) "
+            "%s differ from rank 0" % (len(differ), differ[0], ", ".join(map(str, ranks))))
+    if action == "raise":
+        raise MPIKVStoreError(text)
+    if action == "broadcast":
+        params = target._params if isinstance(target, mx.gluon.Trainer) else target
+        broadcast_from(kv, 0, params, why="consistency check")
+        mx.nd.waitall()
+        text += "; copied rank 0's weights to every rank"
+    warnings.warn(text, RuntimeWarning, stacklevel=2)
+    return differ
+
+
+class PeriodicCheck:
+    """Counts a trainer's (or module's) updates and runs the check every
+    $MXNET_MPI_CONSISTENCY_EVERY of them."""
+
+    def __init__(self) -> None:
+        self.period = every()
+        self.count = 0
+
+    def tick(self, target, store) -> None:
+        if self.period <= 0:
+            return
+        self.count += 1
+        if self.count % self.period == 0:
+            check_consistency(target, store)

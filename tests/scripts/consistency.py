@@ -1,0 +1,96 @@
+"""Weight consistency check on real ranks.
+
+  mpirun -np N python consistency.py MODE SCENARIO
+    api        check_consistency() with each action after rank 1's weight moved 1 ulp
+    periodic   MXNET_MPI_CONSISTENCY_EVERY=2 (set by the test), action broadcast
+    off        no setting: no extra collective is issued
+Prints "RESULT <rank> <key>=<value> ..." lines.
+"""
+
+import sys
+import warnings
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import mxnet_mpi
+from mxnet_mpi.consistency import check_consistency
+
+mode, scenario = sys.argv[1], sys.argv[2]
+R = mxnet_mpi.rank()
+
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(4, in_units=3), gluon.nn.Dense(2, in_units=4))
+net.initialize(mx.init.Xavier())
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                        kvstore="mpi_" + mode)
+x = mx.nd.array(np.full((2, 3), R + 1.0))
+
+
+def step() -> None:
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    trainer.step(2)
+
+
+def nudge() -> None:
+    """Move one element of the second layer's weight by one ulp on rank 1."""
+    if R == 1:
+        w = net[1].weight.data()
+        v = w.asnumpy()
+        v[0, 0] = np.nextafter(v[0, 0], np.float32(np.inf))
+        w[:] = v
+
+
+def same_everywhere() -> bool:
+    """Do all ranks hold bit-identical weights? (sum of byte differences to rank 0)"""
+    w = np.concatenate([p.data().asnumpy().ravel() for p in net.collect_params().values()])
+    mine = mx.nd.array(w.view(np.int32).astype(np.int64), dtype="int64")
+    root = mine.copy()
+    kv = trainer._kvstore
+    kv.broadcast("root-copy", root, out=root)
+    diff = mx.nd.array([int((mine.asnumpy() != root.asnumpy()).sum())], dtype="int64")
+    kv.pushpull("diff-count", diff)
+    return int(diff.asscalar()) == 0
+
+
+step()
+if scenario == "api":
+    issued = trainer._kvstore._stream.info()[0]
+    clean = check_consistency(trainer)
+    one_collective = trainer._kvstore._stream.info()[0] - issued == 1
+    nudge()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = check_consistency(trainer, action="warn")
+    warned = [str(w.message) for w in caught if "weights differ" in str(w.message)]
+    try:
+        check_consistency(trainer, action="raise")
+        raised = "no"
+    except mxnet_mpi.MPIKVStoreError as exc:
+        raised = "yes" if "ranks" in str(exc) else str(exc)
+    still_differ = not same_everywhere()
+    check_consistency(trainer, action="broadcast")
+    fixed = same_everywhere()
+    print("RESULT %d clean=%s one_collective=%s found=%s warned=%s raised=%s still_differ=%s "
+          "fixed=%s" % (R, clean == [], one_collective, found, bool(warned), raised,
+                        still_differ, fixed), flush=True)
+    if warned:
+        print("WARNING %d %s" % (R, warned[0]), flush=True)
+elif scenario == "periodic":
+    nudge()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step()            # step 2: the check runs, finds rank 1's nudge, re-broadcasts
+    warned = any("weights differ" in str(w.message) for w in caught)
+    print("RESULT %d warned=%s fixed=%s" % (R, warned, same_everywhere()), flush=True)
+elif scenario == "off":
+    kv = trainer._kvstore
+    issued = kv._stream.info()[0]
+    for _ in range(4):
+        step()
+    mx.nd.waitall()
+    per_step = (kv._stream.info()[0] - issued) / 4
+    print("RESULT %d per_step=%g" % (R, per_step), flush=True)
