@@ -124,6 +124,17 @@ def cleanup_stale() -> list:
     return removed
 
 
+def _loss_bytecode(loss_pct: float) -> str:
+    """Classic BPF for a tc direct-action filter dropping `loss_pct`% of packets
+    at random (netem is not in every kernel; cls_bpf usually is):
+    A = random u32; if A > threshold: TC_ACT_SHOT (2) else TC_ACT_UNSPEC (-1)."""
+    if not 0 < loss_pct < 100:
+        raise ValueError("loss_pct must be in (0, 100), got %r" % loss_pct)
+    threshold = int((1 - loss_pct / 100) * 2**32) - 1
+    ld_random = 0xFFFFF000 + 56   # SKF_AD_OFF + SKF_AD_RANDOM
+    return "4,32 0 0 %d,37 1 0 %d,6 0 0 %d,6 0 0 2," % (ld_random, threshold, 0xFFFFFFFF)
+
+
 def _close_all(*_args) -> None:
     for c in list(_LIVE):
         c.close()
@@ -250,28 +261,31 @@ class NetnsCluster:
 
     def shape(self, host: int, rate_gbit: float | None = None, delay_ms: float = 0.0,
               loss_pct: float = 0.0) -> None:
-        """Shape host `host`'s link, both directions: tbf at `rate_gbit`, then
-        netem delay/loss (each direction gets `delay_ms`, so the RTT between two
-        hosts is 4x). All None/0: no shaping."""
+        """Shape host `host`'s link, both directions (each end's egress): tbf at
+        `rate_gbit`, netem `delay_ms` (where the kernel has netem), and random
+        loss of `loss_pct`% of packets. All None/0: no shaping."""
         for cmd in (["ip", "netns", "exec", self.hosts[host], "tc"], ["tc"]):
             dev = "eth0" if len(cmd) > 1 else self.links[host]
             _sh(*cmd, "qdisc", "del", "dev", dev, "root", check=False)
+            _sh(*cmd, "qdisc", "del", "dev", dev, "clsact", check=False)
             parent = ["root"]
+            if delay_ms:
+                res = _sh(*cmd, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
+                          "limit", "100000", "delay", "%gms" % delay_ms, check=False)
+                if res.returncode:
+                    raise RuntimeError("cannot add a delay (netem): " + res.stderr.strip())
+                parent = ["parent", "1:1"]
             if rate_gbit:
-                # burst: >= rate * 1 ms so that a high rate is not capped by the
+                # burst >= rate x 1 ms, so that a high rate is not capped by the
                 # timer granularity; latency bounds the queue (drops beyond it).
                 burst = max(64 * 1024, int(rate_gbit * 1e9 / 8 / 1000))
-                _sh(*cmd, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
+                _sh(*cmd, "qdisc", "add", "dev", dev, *parent, "handle", "2:", "tbf",
                     "rate", "%dmbit" % int(rate_gbit * 1000), "burst", str(burst),
                     "latency", "100ms")
-                parent = ["parent", "1:1"]
-            if delay_ms or loss_pct:
-                net = ["netem", "limit", "100000"]
-                if delay_ms:
-                    net += ["delay", "%gms" % delay_ms]
-                if loss_pct:
-                    net += ["loss", "%g%%" % loss_pct]
-                _sh(*cmd, "qdisc", "add", "dev", dev, *parent, "handle", "10:", *net)
+            if loss_pct:
+                _sh(*cmd, "qdisc", "add", "dev", dev, "clsact")
+                _sh(*cmd, "filter", "add", "dev", dev, "egress", "bpf", "da", "bytecode",
+                    _loss_bytecode(loss_pct))
 
     def link(self, host: int, up: bool) -> None:
         """Take host `host`'s link down (its cable pulled) or back up."""
