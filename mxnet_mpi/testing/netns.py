@@ -89,11 +89,15 @@ def _owner(name: str) -> int | None:
         return None
 
 
+def netns_pids(ns: str) -> list:
+    """PIDs of the processes whose network namespace is `ns`."""
+    return [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+
+
 def _kill_netns_procs(ns: str) -> None:
     """SIGKILL every process whose network namespace is `ns`."""
     for _ in range(20):
-        res = _sh("ip", "netns", "pids", ns, check=False)
-        pids = [int(p) for p in res.stdout.split()]
+        pids = netns_pids(ns)
         if not pids:
             return
         for pid in pids:
@@ -293,8 +297,7 @@ class NetnsCluster:
 
     def kill_host(self, host: int) -> int:
         """SIGKILL every process in host `host`'s namespace; returns how many."""
-        pids = [int(p) for p in _sh("ip", "netns", "pids", self.hosts[host],
-                                    check=False).stdout.split()]
+        pids = netns_pids(self.hosts[host])
         _kill_netns_procs(self.hosts[host])
         return len(pids)
 
@@ -302,7 +305,7 @@ class NetnsCluster:
         """PIDs of the processes running in any of the hosts."""
         out = []
         for ns in self.hosts:
-            out += [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+            out += netns_pids(ns)
         return out
 
     # ------------------------------------------------------------------ running
