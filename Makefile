@@ -7,7 +7,7 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap data
+.PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap bench-cluster data
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -47,6 +47,10 @@ bench-epoch: build
 
 bench-overlap: build
 	$(PY) benchmarks/overlap.py --np $(NP) $(BENCH_ARGS)
+
+# 2 hosts as network namespaces over shaped links (needs root): BENCH_ARGS=--quick
+bench-cluster: build
+	$(PY) benchmarks/cluster.py $(BENCH_ARGS)
 
 # Small generated datasets for the examples (nothing downloaded).
 data: build
