@@ -121,7 +121,8 @@ def main() -> None:
     tau = fit_tau(rows)
     e_proj, tau_proj = min(e, 1.0), min(tau, 1.0)
     print("Fit to %s (measured, 2 hosts x 1 rank):" % args.csv)
-    print("  allreduce: latency a = %.2f ms, link efficiency e = %.2f; overlap: tau = %.2f "
+    print("  allreduce: fixed cost per step a = %.0f ms, link efficiency e = %.2f; overlap: "
+          "tau = %.2f "
           "(share of min(compute, comm) not hidden, store 'mpi')" % (a * 1e3, e, tau))
     print("\nCheck of the model against the measured rows:")
     print("%9s %-11s %10s %10s %7s" % ("link Gb/s", "row", "measured", "model", "error"))
