@@ -110,3 +110,41 @@ def test_hybrid_one_group_per_host_ps_on_host0(cluster, tmp_path):
         assert (info["group"], info["group_rank"]) == (rank // PER_HOST, rank % PER_HOST)
         assert info["is_ps_worker"] == (rank % PER_HOST == 0)
     assert_same_trajectory(ranks, reference(tmp_path, "hybrid_train.py"))
+
+
+HOLDER = ("import sys, time\n"
+          "from mxnet_mpi.testing.netns import NetnsCluster\n"
+          "c = NetnsCluster(2, rate_gbit=1, loss_pct=1)\n"
+          "c.start()\n"
+          "print(' '.join(c.hosts + c.links + [c.bridge]), flush=True)\n"
+          "time.sleep(120)\n")
+
+
+def _exists(names: list) -> list:
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return [n for n in names if n + " " in ns or n + "\n" in ns or " %s:" % n in links
+            or " %s@" % n in links]
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_harness_leaves_nothing_behind(sig):
+    """Namespaces and links go on SIGTERM/SIGINT; after SIGKILL, the next
+    cluster's stale clean-up removes them (their creator is dead)."""
+    import signal as signals
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
+                            env=mpi_env(), cwd=str(ROOT))
+    try:
+        names = proc.stdout.readline().split()
+        assert len(names) == 5 and _exists(names) == names
+        proc.send_signal(getattr(signals, sig))
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == "SIGKILL":
+        assert _exists(names[:2]) == names[:2]   # left behind ...
+        removed = netns.cleanup_stale()
+        assert set(names[:2]) <= set(removed)    # ... until the stale clean-up
+    assert _exists(names) == []

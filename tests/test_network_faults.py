@@ -132,7 +132,7 @@ def test_link_down_past_stall_abort_ends_the_job(cluster):
 
 
 def test_link_down_a_few_seconds_recovers_exactly(cluster):
-    job = Job(cluster, steps=40, sleep=0.05, env={
+    job = Job(cluster, steps=25, sleep=0.05, env={
         "MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "30",
         "MXNET_MPI_HEALTH_INTERVAL_S": "0.2"})
     try:
@@ -148,7 +148,7 @@ def test_link_down_a_few_seconds_recovers_exactly(cluster):
         out = job.text()
         assert rc == 0, out[-5000:]
         for r in range(N):
-            assert "EXACT %d 40" % r in out, out[-5000:]
+            assert "EXACT %d 25" % r in out, out[-5000:]
     finally:
         cluster.link(1, up=True)
         job.kill()
