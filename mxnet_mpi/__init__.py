@@ -7,7 +7,7 @@ MXNet, so ``gluon.Trainer(..., kvstore='mpi')`` and
 initialised on first use.
 """
 
-from . import hybrid, mxnet_patches, stores
+from . import hybrid, mxnet_patches, ops, stores
 from .collectives import SUPPORTED_DTYPES, allreduce_, broadcast_
 from .consistency import check_consistency
 from .errors import MPIKVStoreError
@@ -24,6 +24,6 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "allreduce_", "broadcast_", "check_consistency", "finalize", "init", "join", "local_rank",
     "local_size", "rank",
-    "hybrid", "size", "stores", "world",
+    "hybrid", "ops", "size", "stores", "world",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,111 @@
+"""mxnet_mpi.ops on real ranks, exact against numpy.
+
+  mpirun -np N python ops_exact.py STORE      (STORE: free | chained | funneled | concurrent)
+  mpirun -np N python ops_exact.py STORE mismatch
+
+Prints "CHECK <name> ok|FAIL <detail>".
+"""
+
+import sys
+
+import mxnet as mx
+import numpy as np
+
+import mxnet_mpi
+from mxnet_mpi import ops
+
+which = sys.argv[1]
+store = None if which == "free" else mx.kv.create("mpi_" + which)
+R, N = mxnet_mpi.rank(), mxnet_mpi.size()
+
+
+def check(name, ok, detail=""):
+    print("CHECK %s %s %s" % (name, "ok" if ok else "FAIL", detail), flush=True)
+
+
+def data(r, shape, dtype="float32", salt=0):
+    n = int(np.prod(shape))
+    return ((np.arange(n) % 13) + 7 * r + salt).reshape(shape).astype(dtype)
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "mismatch":
+    cases = {
+        "allreduce_shape": lambda: ops.allreduce(mx.nd.ones((3 + (R == N - 1),)), store=store),
+        "allgather_trailing": lambda: ops.allgather(mx.nd.ones((2, 3 + (R == N - 1))),
+                                                    store=store),
+        "alltoall_trailing": lambda: ops.alltoall(mx.nd.ones((N, 2 + (R == N - 1))),
+                                                  store=store),
+        "alltoall_bad_splits_one_rank": lambda: ops.alltoall(
+            mx.nd.ones((N, 2)), splits=[N + 1] * N if R == N - 1 else [1] * N, store=store),
+        "allgather_0d_one_rank": lambda: ops.allgather(
+            mx.nd.ones((2,)) if R != N - 1 else mx.nd.array(1.0).reshape(()), store=store),
+    }
+    for name, fn in cases.items():
+        try:
+            out = fn()
+            (out[0] if isinstance(out, tuple) else out).asnumpy()
+            mx.nd.waitall()
+            check(name, False, "no error")
+        except mxnet_mpi.MPIKVStoreError as exc:
+            check(name, True, str(exc).splitlines()[0][:200])
+        mx.nd.waitall()
+    # the stream is still exact afterwards
+    a = ops.allreduce(mx.nd.array(data(R, (4,))), store=store)
+    check("exact_after_mismatch", np.array_equal(a.asnumpy(), sum(data(r, (4,)) for r in range(N))))
+    sys.exit(0)
+
+for dtype in ("float32", "float64", "int32"):
+    x = mx.nd.array(data(R, (3, 4), dtype), dtype=dtype)
+    want = sum(data(r, (3, 4), dtype) for r in range(N))
+    check("allreduce_" + dtype, np.array_equal(ops.allreduce(x, store=store).asnumpy(), want))
+    check("input_unchanged_" + dtype, np.array_equal(x.asnumpy(), data(R, (3, 4), dtype)))
+    ops.allreduce_(x, store=store)
+    check("allreduce_inplace_" + dtype, np.array_equal(x.asnumpy(), want))
+y = mx.nd.array(data(R, (5,)))
+check("allreduce_average", np.allclose(ops.allreduce(y, average=True, store=store).asnumpy(),
+                                       sum(data(r, (5,)) for r in range(N)) / N, rtol=1e-6))
+group = [mx.nd.array(data(R, s, salt=i)) for i, s in enumerate([(2,), (3, 3), (1,)])]
+outs = ops.grouped_allreduce(group, store=store)
+check("grouped_allreduce", all(np.array_equal(o.asnumpy(), sum(data(r, s, salt=i)
+                                                               for r in range(N)))
+                               for i, (o, s) in enumerate(zip(outs, [(2,), (3, 3), (1,)]))))
+root = N - 1
+b = ops.broadcast(mx.nd.array(data(R, (2, 2))), root_rank=root, store=store)
+check("broadcast", np.array_equal(b.asnumpy(), data(root, (2, 2))))
+# allgather: rank r contributes r + 1 rows
+g = ops.allgather(mx.nd.array(data(R, (R + 1, 3))), store=store)
+check("allgather_uneven", np.array_equal(g.asnumpy(), np.concatenate(
+    [data(r, (r + 1, 3)) for r in range(N)])), str(g.shape))
+# alltoall: rank r sends (d + 1) rows to rank d; rows tagged with sender and destination
+splits = [d + 1 for d in range(N)]
+rows = sum(splits)
+src = np.array([[R, d] for d in range(N) for _ in range(d + 1)], dtype=np.float32)
+got, received = ops.alltoall(mx.nd.array(src), splits=splits, store=store)
+want = np.array([[s, R] for s in range(N) for _ in range(R + 1)], dtype=np.float32)
+check("alltoall_splits", np.array_equal(got.asnumpy(), want) and
+      received.asnumpy().tolist() == [R + 1] * N, "%s %s" % (got.shape, received.asnumpy()))
+eq, _ = ops.alltoall(mx.nd.array(data(R, (2 * N, 2))), store=store)
+check("alltoall_equal", np.array_equal(eq.asnumpy(), np.concatenate(
+    [data(s, (2 * N, 2))[2 * R:2 * R + 2] for s in range(N)])))
+# reduce_scatter of 2N + 1 rows: rank 0 gets 3, the others 2
+rs = ops.reduce_scatter(mx.nd.array(data(R, (2 * N + 1, 2))), store=store)
+total = sum(data(r, (2 * N + 1, 2)) for r in range(N))
+start = 2 * R + (1 if R > 0 else 0)
+check("reduce_scatter", np.array_equal(rs.asnumpy(), total[start:start + (3 if R == 0 else 2)]),
+      str(rs.shape))
+# fp16 compression through Trainer(compression_params=...): fp16-rounded sums
+if store is not None:
+    kv16 = mx.kv.create("mpi_" + which)
+    kv16.set_gradient_compression({"type": "fp16"})
+    v = mx.nd.array(np.full((6,), 1.0 + 1e-4 * (R + 1), dtype=np.float32))
+    kv16.pushpull(0, v)
+    want16 = sum(np.float32(np.float16(1.0 + 1e-4 * (r + 1))) for r in range(N))
+    check("fp16_compression", np.allclose(v.asnumpy(), want16, rtol=0, atol=1e-6) and
+          not np.allclose(v.asnumpy(), sum(1.0 + 1e-4 * (r + 1) for r in range(N)),
+                          rtol=0, atol=1e-6), "%r vs %r" % (v.asnumpy()[0], want16))
+    try:
+        kv16.set_gradient_compression({"type": "2bit"})
+        check("2bit_refused", False, "accepted")
+    except mxnet_mpi.MPIKVStoreError as exc:
+        check("2bit_refused", "fp16" in str(exc), str(exc)[:120])
+print("rank %d done" % R, flush=True)

@@ -1,0 +1,36 @@
+"""mxnet_mpi.ops (allreduce, grouped allreduce, broadcast, allgather with uneven
+first dimensions, alltoall with splits, reduce_scatter, fp16 compression) on
+real ranks in every mode and on the free functions' stream, exact against
+numpy; mismatches across ranks and bad input on one rank are errors on every
+rank, and the stream stays exact afterwards."""
+
+import re
+
+import pytest
+from mpirun import run_mpi
+
+
+def checks(out: str) -> list:
+    return re.findall(r"CHECK (\S+) (ok|FAIL)(.*)", out)
+
+
+@pytest.mark.parametrize("store,np_", [("free", 3), ("chained", 2), ("funneled", 3),
+                                       ("concurrent", 2)])
+def test_ops_exact(store, np_):
+    proc = run_mpi("ops_exact.py", np_, store, timeout=120)
+    found = checks(proc.stdout)
+    expected = 16 + (2 if store != "free" else 0)
+    assert len(found) == np_ * expected, proc.stdout
+    assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]
+    assert proc.stdout.count("done") == np_
+
+
+@pytest.mark.parametrize("store,np_", [("chained", 2), ("concurrent", 3)])
+def test_mismatches_fail_on_every_rank(store, np_):
+    proc = run_mpi("ops_exact.py", np_, store, "mismatch", timeout=120)
+    found = checks(proc.stdout)
+    assert len(found) == np_ * 6, proc.stdout
+    assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]
+    # the rank with bad input raises its reason; its peers name it
+    assert "rank %d could not take part" % (np_ - 1) in proc.stdout
+    assert "ranks disagree on a collective" in proc.stdout
