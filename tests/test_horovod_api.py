@@ -1,0 +1,36 @@
+"""`import mxnet_mpi.horovod as hvd`: Horovod's MXNet API with Horovod's
+semantics (allreduce averages by default), and Horovod's Gluon MNIST example
+running with only the import line changed, equal to one process on the global
+batch (DistributedTrainer, DistributedOptimizer, fp16 compression)."""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+
+
+def test_api_semantics():
+    proc = run_mpi("hvd_api.py", 3, timeout=120)
+    found = re.findall(r"CHECK (\S+) (ok|FAIL)", proc.stdout)
+    assert len(found) == 3 * 12, proc.stdout
+    assert all(r == "ok" for _, r in found), [c for c in found if c[1] != "ok"]
+
+
+@pytest.mark.parametrize("variant,tol", [("trainer", 1e-6), ("optimizer", 1e-6),
+                                         ("fp16", 2e-3)])
+def test_mnist_example_matches_one_process(tmp_path, variant, tol):
+    opts = {"trainer": [], "optimizer": ["--optimizer"], "fp16": ["--fp16"]}[variant]
+    run_mpi("hvd_mnist.py", 2, str(tmp_path), *opts, timeout=180)
+    subprocess.run([sys.executable, str(SCRIPTS / "hvd_mnist.py"), str(tmp_path),
+                    "--reference", "2"], check=True, env=mpi_env(), cwd=str(ROOT), timeout=180,
+                   capture_output=True)
+    r0, r1, ref = (dict(np.load(tmp_path / f)) for f in ("rank0.npz", "rank1.npz", "ref.npz"))
+    assert sorted(r0) == sorted(ref) and len(ref) == 8
+    for k in ref:
+        assert np.array_equal(r0[k], r1[k]), k          # ranks in sync, bit for bit
+        np.testing.assert_allclose(r0[k], ref[k], rtol=0, atol=tol, err_msg=k)
+        # and training moved the weights (the comparison is not vacuous)
+    assert any(np.abs(r0[k]).max() > 0 for k in ref)
