@@ -5,6 +5,7 @@ every rank through it."""
 import re
 import subprocess
 import sys
+import time
 
 import launching
 from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
@@ -38,8 +39,22 @@ def test_exit_status_and_traceback_are_the_scripts():
     proc = runner(PLAIN, "mpi_chained", "fail")
     assert proc.returncode == 1
     tb = proc.stderr[proc.stderr.index("Traceback"):]
-    assert 'plain_mxnet.py", line' in tb and "ValueError: boom in the user's script" in tb
+    line = next(i for i, text in enumerate(open(PLAIN), 1) if "raise ValueError" in text)
+    assert '%s", line %d, in <module>' % (PLAIN, line) in tb, tb
+    assert "ValueError: boom in the user's script" in tb
     assert "runner.py" not in tb and "runpy" not in tb, tb
+
+
+def test_exit_status_on_one_of_two_ranks_ends_the_job_quickly():
+    # rank 1 calls sys.exit(3) after a step; rank 0 would go on training (200 steps,
+    # its next allreduce never matched): the non-zero status must end the job now
+    start = time.monotonic()
+    proc = runner(PLAIN, "mpi", "exit3-last", np_=2, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "rank 1 is exiting with status 3; aborting the MPI job" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert elapsed < 45, "took %.0f s" % elapsed
 
 
 def test_failure_on_every_rank_ends_the_job():

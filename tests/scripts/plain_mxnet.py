@@ -3,7 +3,7 @@
   python -m mxnet_mpi plain_mxnet.py KVSTORE [fail|exit3]
 
 fail: the last rank raises after the first step; exit3: every rank calls sys.exit(3)
-after it.
+after it; exit3-last: only the last rank does, the others go on training.
 
 Rank r's gradient is [r + 1, 0]; with lr 1 and batch 1 one step leaves the
 weight at -(sum over ranks of r + 1) when the ranks really communicate, and
@@ -31,7 +31,7 @@ loss.backward()
 trainer.step(1)
 w = net.weight.data().asnumpy().ravel()
 print("WEIGHT %d %g %g" % (rank, w[0], w[1]), flush=True)
-if "exit3" in sys.argv[2:]:
+if "exit3" in sys.argv[2:] or ("exit3-last" in sys.argv[2:] and rank == size - 1):
     sys.exit(3)
 if "fail" in sys.argv[2:] and rank == size - 1:
     raise ValueError("boom in the user's script")
