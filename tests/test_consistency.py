@@ -41,3 +41,11 @@ def test_off_by_default_costs_no_collective():
         assert len(counts) == 1, proc.stdout
         per_step[every] = float(counts.pop())
     assert per_step["1"] == per_step["0"] + 1   # the check is one small collective
+
+
+def test_periodic_check_from_module_update_rebroadcasts():
+    env = {"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_CONSISTENCY_ACTION": "broadcast"}
+    proc = run_mpi("consistency_module.py", 2, "chained", env=env, timeout=120)
+    want = {"differs_before": "True", "warned": "True", "names_fc_weight": "True",
+            "fixed": "True"}
+    assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]

@@ -73,3 +73,14 @@ def test_launcher_runs_unchanged_scripts_through_the_runner():
     # hybrid store, one group per rank, a real ps-lite server: no import in the script
     proc = launching.run(2, 2, 1, [sys.executable, PLAIN, "dist_sync_mpi"])
     assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout[-3000:]
+
+
+def test_launcher_puts_the_runner_after_interpreter_options():
+    from mxnet_mpi.launch import through_runner
+    py = sys.executable
+    assert through_runner([py, "t.py", "-u"]) == [py, "-m", "mxnet_mpi", "t.py", "-u"]
+    assert through_runner([py, "-u", "-W", "ignore", "-Xdev", "-m", "pkg.mod", "a"]) == \
+        [py, "-u", "-W", "ignore", "-Xdev", "-m", "mxnet_mpi", "-m", "pkg.mod", "a"]
+    for unchanged in ([py, "-m", "mxnet_mpi", "t.py"], [py, "-u", "-m", "mxnet_mpi", "t.py"],
+                      [py, "-c", "print(1)"], [py, "--version"], ["./train.sh", "t.py"]):
+        assert through_runner(unchanged) == unchanged
