@@ -30,7 +30,9 @@ def test_unchanged_script_sums_across_ranks():
     assert proc.returncode == 0, proc.stderr[-3000:]
     # -(1 + 2): the ranks summed their gradients (alone they would hold -1 and -2)
     assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout
-    assert proc.stdout.count("name __main__ argv ['mpi'] runner True") == 2
+    # as `python SCRIPT`: its directory first on sys.path, an absolute __file__
+    assert proc.stdout.count("name __main__ argv ['mpi'] runner True path0 %s file %s"
+                             % (SCRIPTS, PLAIN)) == 2, proc.stdout
 
 
 def test_exit_status_and_traceback_are_the_scripts():

@@ -19,8 +19,8 @@ from mxnet import autograd, gluon
 kvstore = sys.argv[1]
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-print("name %s argv %s runner %s" % (__name__, sys.argv[1:], "mxnet_mpi" in sys.modules),
-      flush=True)
+print("name %s argv %s runner %s path0 %s file %s"
+      % (__name__, sys.argv[1:], "mxnet_mpi" in sys.modules, sys.path[0], __file__), flush=True)
 net = gluon.nn.Dense(1, in_units=2, use_bias=False)
 net.initialize(mx.init.Constant(0.0))
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1.0}, kvstore=kvstore)
