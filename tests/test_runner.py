@@ -65,6 +65,14 @@ def test_failure_on_every_rank_ends_the_job():
     assert "raised ValueError; aborting the MPI job" in proc.stderr
 
 
+def test_module_form_runs_as_main_with_its_exit_status():
+    # python -m mxnet_mpi -m MODULE: the module from the current directory, as __main__
+    proc = runner("-m", "tests.scripts.plain_mxnet", "mpi", "exit3")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "name __main__ argv ['mpi', 'exit3'] runner True path0 %s" % ROOT in proc.stdout
+    assert weights(proc.stdout) == {0: (-1.0, 0.0)}, proc.stdout
+
+
 def test_usage_and_missing_script():
     assert runner().returncode == 2
     proc = runner("no_such_script.py")
