@@ -3,9 +3,11 @@ found and named, 'raise' raises, 'broadcast' restores bit-identical weights,
 the periodic setting runs it from Trainer.step, and off it issues nothing."""
 
 import re
+import subprocess
+import sys
 
 import pytest
-from mpirun import run_mpi
+from mpirun import ROOT, mpi_env, run_mpi
 
 
 def results(out: str) -> list:
@@ -49,3 +51,44 @@ def test_periodic_check_from_module_update_rebroadcasts():
     want = {"differs_before": "True", "warned": "True", "names_fc_weight": "True",
             "fixed": "True"}
     assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
+
+
+BAD_INPUT = r"""
+import os, sys
+import mxnet as mx
+from mxnet import autograd, gluon
+import mxnet_mpi
+net = gluon.nn.Dense(2, in_units=3)
+net.initialize()
+trainer = gluon.Trainer(net.collect_params(), "sgd", kvstore="mpi")
+def report(what, fn):
+    try:
+        fn()
+        print(what, "NO ERROR")
+    except mxnet_mpi.MPIKVStoreError as exc:
+        print(what, "ERROR", exc)
+def step():
+    with autograd.record():
+        loss = net(mx.nd.ones((1, 3))).sum()
+    loss.backward()
+    trainer.step(1)
+report("env", step)
+report("action", lambda: mxnet_mpi.check_consistency(trainer, action="fix"))
+report("store", lambda: mxnet_mpi.check_consistency({"w": mx.nd.ones(2)}, action="warn"))
+report("target", lambda: mxnet_mpi.check_consistency({"w": 3}, store=trainer._kvstore,
+                                                   action="warn"))
+"""
+
+
+def test_bad_settings_and_arguments_are_named_errors():
+    env = {"MXNET_MPI_CONSISTENCY_EVERY": "5", "MXNET_MPI_CONSISTENCY_ACTION": "repair"}
+    proc = subprocess.run([sys.executable, "-c", BAD_INPUT], capture_output=True, text=True,
+                          env=mpi_env(env), cwd=str(ROOT), timeout=60)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the first step already refuses the misspelt action, not the fifth
+    assert "env ERROR MXNET_MPI_CONSISTENCY_ACTION must be one of warn, broadcast, raise, " \
+           "got 'repair'" in out, out
+    assert "action ERROR action must be one of warn, broadcast, raise, got 'fix'" in out, out
+    assert "store ERROR check_consistency needs an mxnet_mpi store" in out, out
+    assert "target ERROR check_consistency takes a Trainer" in out and "'w'" in out, out
