@@ -1,13 +1,15 @@
 """Weight consistency check across real ranks: a 1-ulp difference on one rank is
 found and named, 'raise' raises, 'broadcast' restores bit-identical weights,
-the periodic setting runs it from Trainer.step, and off it issues nothing."""
+the periodic setting runs it from Trainer.step and Module.update, off it issues
+nothing, hybrid stores compare their group, and bad settings are named errors."""
 
 import re
 import subprocess
 import sys
 
+import launching
 import pytest
-from mpirun import ROOT, mpi_env, run_mpi
+from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
 
 
 def results(out: str) -> list:
@@ -92,3 +94,11 @@ def test_bad_settings_and_arguments_are_named_errors():
     assert "action ERROR action must be one of warn, broadcast, raise, got 'fix'" in out, out
     assert "store ERROR check_consistency needs an mxnet_mpi store" in out, out
     assert "target ERROR check_consistency takes a Trainer" in out and "'w'" in out, out
+
+
+def test_hybrid_store_compares_the_ranks_of_its_group():
+    proc = launching.run(2, 1, 1, [sys.executable, str(SCRIPTS / "consistency.py"),
+                                   "dist_sync_mpi", "hybrid"], timeout=120)
+    want = {"type": "dist_sync_mpi", "group": "2", "found": "['dense1_weight']",
+            "warned": "True", "after": "[]"}
+    assert results(proc.stdout) == [want] * 2, proc.stdout[-4000:]
