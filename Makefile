@@ -7,7 +7,8 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap bench-overhead data
+.PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \
+	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -50,6 +51,20 @@ bench-overlap: build
 
 bench-overhead: build
 	$(PY) benchmarks/overhead.py --np $(NP) $(BENCH_ARGS)
+
+# GPU check (README "GPU path"): prepare the parts here, run the check on a GPU machine.
+gpu-prepare: build
+	tools/gpu_prepare.sh .gpu
+
+gpu-check:
+	tools/gpu_check.sh $(GPU_STAGE) $(GPU_RESULTS)
+
+bench-faults: build
+	$(PY) benchmarks/faults.py $(BENCH_ARGS)
+
+# 2 hosts as network namespaces over shaped links (needs root): BENCH_ARGS=--quick
+bench-cluster: build
+	$(PY) benchmarks/cluster.py $(BENCH_ARGS)
 
 # Small generated datasets for the examples (nothing downloaded).
 data: build

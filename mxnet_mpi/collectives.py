@@ -113,7 +113,7 @@ class Stream:
     run in push order (see kvstore/store.h for the three kinds)."""
 
     def __init__(self, kind: int, comm: Communicator, name: str, *, fusion_bytes: int = 1 << 20,
-                 small_bytes: int = 64 << 10, chunk_bytes: int = 1 << 20, large_lanes: int = 2,
+                 small_bytes: int = 64 << 10, chunk_bytes: int = 16 << 20, large_lanes: int = 1,
                  cycle_us: int = 200, store_id: int | None = None) -> None:
         require_usable()
         self.comm = comm

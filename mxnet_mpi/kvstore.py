@@ -20,13 +20,14 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, modes
+from . import _native, modes, staging
 from .collectives import (
     FLOAT_DTYPES,
     Call,
     check_array,
     check_same_layout,
     on_host,
+    token_call,
 )
 from .errors import MPIKVStoreError
 from .joining import join_store, register
@@ -101,13 +102,14 @@ def on_deferred_init(param, fn) -> None:
 
 
 class _Item:
-    """One key of a call: engine ops before the collective, the collective,
-    engine ops after it (fan-out to several outputs, copies back)."""
+    """One key of a call: engine ops before the collective(s), the collective(s)
+    (several for a staged array split in chunks), engine ops after them
+    (fan-out to several outputs, copies back)."""
 
-    __slots__ = ("call", "post")
+    __slots__ = ("calls", "post")
 
-    def __init__(self, call: Call, post=None) -> None:
-        self.call = call
+    def __init__(self, calls: list, post=None) -> None:
+        self.calls = calls
         self.post = post
 
 
@@ -146,6 +148,7 @@ class MPIKVStore(KVStoreBase):
         # pushpull of one key with the same arrays again: key -> (value, out,
         # priority, pointer to its prebuilt call, the call)
         self._fast: dict = {}
+        self._staging = staging.StagingBuffers()
         self._last_calls: list = []
         register(self)
         global _announced
@@ -272,25 +275,48 @@ class MPIKVStore(KVStoreBase):
     def _item(self, op: int, verb: str, key: Key, src, dst, targets: list, priority: int,
               flags: int = 0, root: int = 0) -> _Item:
         """The collective of `op` from `src` into `dst`, then copies into `targets`;
-        device arrays go through host copies (engine ops keep the order)."""
+        device arrays go through this key's pinned buffers, in chunks (staging.py)."""
         info = self._keys.get(key)
         post_copies = [t for t in targets if t is not dst]
-        if on_host(src) and on_host(dst):
-            a, b = src, dst
-            after = None
-        else:
-            a = b = mx.nd.empty(src.shape, ctx=mx.cpu_pinned(), dtype=src.dtype)
-            src.copyto(a)
-            after = dst
-        call = Call(op, [a], [b], dtype=info.dtype, shapes=[info.shape], desc=info.desc(verb),
-                    label="key %r" % (key,), root=root, priority=priority, flags=flags)
+        if not staging.needs_staging(src, dst):
+            call = Call(op, [src], [dst], dtype=info.dtype, shapes=[info.shape],
+                        desc=info.desc(verb), label="key %r" % (key,), root=root,
+                        priority=priority, flags=flags)
+            post = (lambda: self._fan_out(dst, post_copies)) if post_copies else None
+            return _Item([call], post)
+        chunks = self._staging.chunks((key, verb), info.shape, info.dtype)
+        staging.copy_out(src, chunks)
+        k = len(chunks)
+        calls = [Call(op, [c.buf], [c.buf], dtype=info.dtype, shapes=[c.buf.shape],
+                      desc=info.desc(verb) + (" chunk %d/%d" % (i + 1, k) if k > 1 else ""),
+                      label="key %r" % (key,), root=root, priority=priority, flags=flags)
+                 for i, c in enumerate(chunks)]
 
         def post():
-            if after is not None:
-                b.copyto(after)
+            staging.copy_back(chunks, dst)
             self._fan_out(dst, post_copies)
 
-        return _Item(call, post if (after is not None or post_copies) else None)
+        return _Item(calls, post)
+
+    def _tokens(self, op: int, verb: str, key: Key, value, reason: str) -> list:
+        """Failure tokens taking the place of the collective(s) `key` would have
+        been: one per chunk, described as its peers describe them, when staged."""
+        token = self._keys.token(op, verb, key, value, reason)
+        if not (isinstance(value, mx.nd.NDArray) and staging.needs_staging(value)):
+            return [token]
+        try:
+            info = self._keys.get(key)
+        except TypeError:   # an unhashable key: the reason this call failed
+            info = None
+        shape, dtype = (info.shape, info.dtype) if info is not None else \
+            (value.shape, value.dtype)
+        sizes = staging.chunk_sizes(shape, dtype)
+        if len(sizes) == 1:
+            return [token]
+        desc = info.desc(verb) if info is not None else "%s key=%r shape=%s %s" % (
+            verb, key, tuple(shape), np.dtype(dtype))
+        return [token_call(op, dtype, [(n,)], "%s chunk %d/%d" % (desc, i + 1, len(sizes)),
+                           "key %r" % (key,), reason) for i, n in enumerate(sizes)]
 
     def _run(self, groups: list, build, op: int, verb: str) -> None:
         """Build one item per (key, values, outs) group and push them all as one
@@ -303,9 +329,9 @@ class MPIKVStore(KVStoreBase):
                 items.append(build(k, values, outs))
             except MPIKVStoreError as exc:
                 error = error or exc
-                items.append(_Item(self._keys.token(op, verb, k, values[0] if values else None,
-                                                    str(exc))))
-        self._last_calls = [it.call for it in items]
+                items.append(_Item(self._tokens(op, verb, k, values[0] if values else None,
+                                                str(exc))))
+        self._last_calls = [c for it in items for c in it.calls]
         if items:
             self._stream.push(self._last_calls)
         for it in items:
@@ -361,7 +387,8 @@ class MPIKVStore(KVStoreBase):
             self._stream.push_raw(fast[3], 1)
             return
         self._reduce(_group(key, value, out), lambda k: priority)
-        if type(key) in (int, str) and isinstance(value, mx.nd.NDArray) and on_host(value) \
+        if type(key) in (int, str) and isinstance(value, mx.nd.NDArray) \
+                and len(self._last_calls) == 1 and not staging.needs_staging(value) \
                 and (out is None or (isinstance(out, mx.nd.NDArray) and on_host(out))):
             call = self._last_calls[0]
             self._fast[key] = (value, out, priority, ctypes.pointer(call.desc), call)

@@ -16,7 +16,9 @@ stores) and are then stopped. When any process fails, or on SIGINT/SIGTERM,
 everything is torn down (SIGTERM, then SIGKILL to every process left in the
 children's sessions) and the launcher exits non-zero.
 
-With ``--hostfile`` the ranks run where mpirun places them; the scheduler and
+With ``--hostfile`` and no ``--groups``, each host the ranks fill (slot by
+slot, as mpirun maps them) is one group. With ``--hostfile`` the ranks run
+where mpirun places them; the scheduler and
 the servers still run here, at ``--ps-host`` (default: this host's address),
 which the other hosts must reach; workers there find their own address
 (set ``DMLC_INTERFACE`` if they pick the wrong interface).
@@ -210,8 +212,9 @@ def parse_args(argv: list) -> argparse.Namespace:
         epilog="Example: python -m mxnet_mpi.launch -n 4 --groups 2 --servers 1 -- "
                "python train.py --kvstore dist_sync_mpi")
     ap.add_argument("-n", "--np", dest="n", type=int, required=True, help="MPI ranks")
-    ap.add_argument("--groups", type=int, default=1,
-                    help="MPI groups (MXNET_MPI_GROUP_SIZE = n / groups); default 1")
+    ap.add_argument("--groups", type=int, default=None,
+                    help="MPI groups (MXNET_MPI_GROUP_SIZE = n / groups); default 1, or with "
+                         "--hostfile one group per host (the store's own default group)")
     ap.add_argument("--servers", type=int, default=1,
                     help="ps-lite servers; 0 = pure MPI, no scheduler or servers")
     ap.add_argument("--route", choices=ROUTES, default="leader",
@@ -232,6 +235,11 @@ def parse_args(argv: list) -> argparse.Namespace:
         args.command = args.command[1:]
     if not args.command:
         ap.error("no command given (put it after --)")
+    args.per_host = False
+    if args.groups is None and args.hostfile:
+        args.groups, args.per_host = hosts_filled(args.hostfile, args.n, ap.error), True
+    elif args.groups is None:
+        args.groups = 1
     if args.n <= 0 or args.groups <= 0 or args.servers < 0:
         ap.error("-n and --groups must be > 0 and --servers >= 0")
     if args.n % args.groups:
@@ -239,12 +247,36 @@ def parse_args(argv: list) -> argparse.Namespace:
     return args
 
 
+def hosts_filled(hostfile: str, n: int, error) -> int:
+    """How many hosts of `hostfile` mpirun fills with `n` ranks (slot by slot,
+    in file order); calls `error` unless they all get the same number."""
+    try:
+        lines = Path(hostfile).read_text().splitlines()
+    except OSError as e:
+        error("cannot read --hostfile: %s" % e)
+    counts, left = [], n
+    for line in lines:
+        words = line.split("#")[0].split()
+        if not words or left <= 0:
+            continue
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
+        if not slots or not slots[0].isdigit():
+            error("--hostfile line %r has no slots=N: give --groups" % line.strip())
+        counts.append(min(int(slots[0]), left))
+        left -= counts[-1]
+    if left > 0 or not counts or len(set(counts)) != 1:
+        error("-n %d does not fill the --hostfile hosts evenly (%s ranks per host): give "
+              "--groups" % (n, counts or "none"))
+    return len(counts)
+
+
 def job_env(args: argparse.Namespace) -> tuple:
     """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    exported = {"MXNET_MPI_GROUP_SIZE": str(args.n // args.groups),
-                "MXNET_MPI_HYBRID_ROUTE": args.route}
+    exported = {"MXNET_MPI_HYBRID_ROUTE": args.route}
+    if not args.per_host:   # else the store's default: the ranks of one host
+        exported["MXNET_MPI_GROUP_SIZE"] = str(args.n // args.groups)
     ps_env = None
     if args.servers:
         host = args.ps_host or (socket.gethostbyname(socket.gethostname()) if args.hostfile
@@ -292,13 +324,18 @@ def main(argv: list | None = None) -> int:
             cmd += ["-x", name]
         if args.hostfile:
             cmd += ["--hostfile", args.hostfile]
+            if not any(a.startswith("--map-by") for a in args.mpirun_arg):
+                # fill each host's slots in turn (what the groups assume): with
+                # --oversubscribe, mpirun would otherwise map by core and may put
+                # every rank on the first host
+                cmd += ["--map-by", "slot"]
         cmd += args.mpirun_arg + through_runner(args.command)
         mpirun = Child("mpirun", cmd, env, prefix_output=False)
         children.append(mpirun)
         log("pids: %s" % " ".join("%s=%d" % (c.name.replace(" ", ""), c.pid)
                                   for c in children))
-        log("%d rank(s) in %d group(s) of %s" % (args.n, args.groups,
-                                                 env["MXNET_MPI_GROUP_SIZE"]))
+        log("%d rank(s) in %d group(s) of %s" % (args.n, args.groups, args.n // args.groups)
+            + (" (one per host)" if args.per_host else ""))
         return _supervise(children, mpirun, args.grace, stopping)
     finally:
         teardown(children, args.grace)   # idempotent; also after an error while starting

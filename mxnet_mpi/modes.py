@@ -40,7 +40,7 @@ ENV_VAR = "MXNET_MPI_MODE"
 STREAM_SETTINGS = {
     "MXNET_MPI_FUSION_BYTES": 1 << 20,   # fuse ready allreduces up to this many bytes
     "MXNET_MPI_SMALL_BYTES": 64 << 10,   # concurrent: arrays up to this share the small lane
-    "MXNET_MPI_CHUNK_BYTES": 1 << 20,    # large arrays move in chunks of this size
+    "MXNET_MPI_CHUNK_BYTES": 16 << 20,   # large arrays move in chunks of this size
     "MXNET_MPI_LARGE_LANES": 1,          # concurrent: lanes (threads) for large arrays
     "MXNET_MPI_CYCLE_US": 200,           # funneled: pause after a cycle agreeing on nothing
 }

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _native, modes
+from . import _native, modes, staging
 from ._native import CallDesc
-from .collectives import Call, on_host
+from .collectives import Call
 from .errors import MPIKVStoreError
 
 MAX_GROUP = 64
@@ -53,7 +53,7 @@ class TrainerPlan:
         arrays = []
         for i, p in live:
             g = p._grad[0]
-            if g.stype != "default" or not on_host(g):
+            if g.stype != "default" or staging.needs_staging(g):
                 return False
             try:
                 info = store._checked(i, [g], None, "allreduce")

@@ -1,0 +1,1 @@
+"""Test and benchmark infrastructure (never imported by the product package)."""

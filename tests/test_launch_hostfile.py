@@ -1,0 +1,45 @@
+"""mxnet_mpi.launch --hostfile without --groups: one group per host (the hosts
+the ranks fill slot by slot), or a clear error when that is ambiguous."""
+
+from __future__ import annotations
+
+import pytest
+
+from mxnet_mpi import launch
+
+
+def parse(tmp_path, text: str, n: int):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(text)
+    return launch.parse_args(["-n", str(n), "--hostfile", str(hostfile), "--", "true"])
+
+
+def test_one_group_per_filled_host(tmp_path, monkeypatch):
+    monkeypatch.delenv("MXNET_MPI_GROUP_SIZE", raising=False)
+    args = parse(tmp_path, "# cluster\nnode1 slots=2\n\nnode2 slots=2 # spare\nnode3 slots=2\n", 4)
+    assert (args.groups, args.per_host) == (2, True)   # node3 gets no rank
+    env, ps_env, exported = launch.job_env(args)
+    assert env["DMLC_NUM_WORKER"] == "2"               # one ps-lite worker per group
+    assert "MXNET_MPI_GROUP_SIZE" not in env          # the store's default: ranks per host
+    assert "MXNET_MPI_GROUP_SIZE" not in exported
+
+
+def test_explicit_groups_still_win(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    args = launch.parse_args(["-n", "4", "--groups", "4", "--hostfile", str(hostfile), "--",
+                              "true"])
+    env, _, _ = launch.job_env(args)
+    assert (args.groups, env["MXNET_MPI_GROUP_SIZE"], env["DMLC_NUM_WORKER"]) == (4, "1", "4")
+
+
+@pytest.mark.parametrize("text, n, message", [
+    ("node1 slots=2\nnode2 slots=2\n", 3, "does not fill the --hostfile hosts evenly"),
+    ("node1 slots=2\nnode2 slots=2\n", 6, "does not fill the --hostfile hosts evenly"),
+    ("node1\nnode2\n", 2, "has no slots=N: give --groups"),
+])
+def test_ambiguous_hostfile_is_an_error(tmp_path, capsys, text, n, message):
+    with pytest.raises(SystemExit) as exc:
+        parse(tmp_path, text, n)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

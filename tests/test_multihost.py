@@ -1,0 +1,150 @@
+"""Multi-host runs on a cluster in a box (2 network-namespace hosts x 2 ranks):
+local ranks per host, kvstore='mpi' training across hosts (also with 5% packet
+loss on one link), and the hybrid store with one group per host and the
+parameter server on host 0, started by ``mxnet_mpi.launch --hostfile``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import ROOT, SCRIPTS, mpi_env
+from netns_cluster import needs_netns, run
+
+from mxnet_mpi.testing import netns
+
+pytestmark = needs_netns
+HOSTS, PER_HOST = 2, 2
+N = HOSTS * PER_HOST
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with netns.NetnsCluster(HOSTS, rate_gbit=1.0) as c:
+        yield c
+
+
+def load(outdir, n=N):
+    return [dict(np.load(outdir / ("rank%d.npz" % r))) for r in range(n)]
+
+
+def reference(tmp_path, script):
+    outdir = tmp_path / "ref"
+    subprocess.run([sys.executable, str(SCRIPTS / script), "--reference", str(N), "--outdir",
+                    str(outdir), "--steps", str(STEPS)], check=True, env=mpi_env(),
+                   cwd=str(ROOT), timeout=120, capture_output=True)
+    return dict(np.load(outdir / "rank0.npz"))
+
+
+def assert_same_trajectory(ranks, ref):
+    assert set(ranks[0]) == set(ref) and len(ref) > 0
+    for key in sorted(ref):
+        for r, weights in enumerate(ranks[1:], start=1):
+            np.testing.assert_array_equal(weights[key], ranks[0][key],
+                                          err_msg="rank %d differs at %s" % (r, key))
+        np.testing.assert_allclose(ranks[0][key], ref[key], rtol=1e-4, atol=1e-5,
+                                   err_msg="differs from one process on the full batch: " + key)
+
+
+PROBE = ("import json, socket, mxnet_mpi as m; m.init(); print('PROBE ' + json.dumps("
+         "[m.rank(), m.size(), m.local_rank(), m.local_size(), socket.gethostname()]), "
+         "flush=True)")
+
+
+def test_local_rank_and_size_per_host(cluster):
+    _, out, _ = run(cluster, cluster.mpirun(N, [sys.executable, "-c", PROBE], per_host=PER_HOST))
+    seen = sorted(json.loads(ln.split("PROBE ", 1)[1]) for ln in out.splitlines()
+                  if "PROBE " in ln)
+    assert len(seen) == N, out[-3000:]
+    for rank, size, local_rank, local_size, host in seen:
+        assert size == N
+        # mpirun fills host 0's slots first: ranks 0,1 on host 0, ranks 2,3 on host 1
+        assert host == cluster.hosts[rank // PER_HOST]
+        assert (local_rank, local_size) == (rank % PER_HOST, PER_HOST)
+
+
+_RUNS: dict = {}
+
+
+@pytest.mark.parametrize("loss_pct", [0, 5])
+def test_mpi_training_across_hosts_is_exact(cluster, tmp_path, loss_pct):
+    """Ranks seed differently; kvstore='mpi' (a string) makes them identical and
+    equal to one process on the global batch; 5% loss on host 1's link (TCP
+    retransmits) changes nothing, bit for bit."""
+    cluster.shape(1, rate_gbit=1.0, loss_pct=loss_pct)
+    try:
+        cmd = [sys.executable, str(SCRIPTS / "gluon_train.py"), "--kvstore", "mpi",
+               "--outdir", str(tmp_path / "mpi"), "--steps", str(STEPS)]
+        run(cluster, cluster.mpirun(N, cmd, per_host=PER_HOST))
+    finally:
+        cluster.shape(1, rate_gbit=1.0)
+    ranks = load(tmp_path / "mpi")
+    assert_same_trajectory(ranks, reference(tmp_path, "gluon_train.py"))
+    _RUNS[loss_pct] = ranks[0]
+    if len(_RUNS) == 2:
+        for key in _RUNS[0]:
+            np.testing.assert_array_equal(_RUNS[5][key], _RUNS[0][key], err_msg=key)
+
+
+def test_hybrid_one_group_per_host_ps_on_host0(cluster, tmp_path):
+    """`python -m mxnet_mpi.launch --hostfile` run on host 0: scheduler and
+    server there, 2 groups (one per host, the store's default group size)."""
+    hostfile = cluster.write_hostfile(PER_HOST, str(tmp_path / "hostfile"))
+    outdir = tmp_path / "hyb"
+    cmd = cluster.exec_cmd(0, [
+        sys.executable, "-m", "mxnet_mpi.launch", "-n", str(N), "--servers", "1",
+        "--hostfile", hostfile, "--ps-host", cluster.addrs[0], "--grace", "3", "--",
+        sys.executable, str(SCRIPTS / "hybrid_train.py"), "--kvstore", "dist_sync_mpi",
+        "--outdir", str(outdir), "--steps", str(STEPS)])
+    _, out, _ = run(cluster, cmd, timeout=150)
+    assert "ps-lite scheduler at %s:" % cluster.addrs[0] in out
+    assert "2 group(s) of 2 (one per host)" in out
+    ranks = load(outdir)
+    infos = [json.loads((outdir / ("rank%d.json" % r)).read_text()) for r in range(N)]
+    for rank, info in enumerate(infos):
+        assert info["type"] == "dist_sync_mpi" and info["num_groups"] == HOSTS
+        assert (info["group"], info["group_rank"]) == (rank // PER_HOST, rank % PER_HOST)
+        assert info["is_ps_worker"] == (rank % PER_HOST == 0)
+    assert_same_trajectory(ranks, reference(tmp_path, "hybrid_train.py"))
+
+
+HOLDER = ("import sys, time\n"
+          "from mxnet_mpi.testing.netns import NetnsCluster\n"
+          "c = NetnsCluster(2, rate_gbit=1, loss_pct=1)\n"
+          "c.start()\n"
+          "print(' '.join(c.hosts + c.links + [c.bridge]), flush=True)\n"
+          "time.sleep(120)\n")
+
+
+def _exists(names: list) -> list:
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return [n for n in names if n + " " in ns or n + "\n" in ns or " %s:" % n in links
+            or " %s@" % n in links]
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_harness_leaves_nothing_behind(sig):
+    """Namespaces and links go on SIGTERM/SIGINT; after SIGKILL, the next
+    cluster's stale clean-up removes them (their creator is dead)."""
+    import signal as signals
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
+                            env=mpi_env(), cwd=str(ROOT))
+    try:
+        names = proc.stdout.readline().split()
+        assert len(names) == 5 and _exists(names) == names
+        proc.send_signal(getattr(signals, sig))
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == "SIGKILL":
+        assert _exists(names[:2]) == names[:2]   # left behind ...
+        removed = netns.cleanup_stale()
+        assert set(names[:2]) <= set(removed)    # ... until the stale clean-up
+    assert _exists(names) == []

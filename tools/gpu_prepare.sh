@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Prepare, on a machine with network access, everything the GPU check needs on
+# a GPU machine that has none (the device tool's machines: Python 3.12 only,
+# no network, at most 64 MiB carried per call). Writes into OUTDIR (default
+# .gpu/, ignored by git):
+#   wheels/   mxnet-cu117==1.9.1 and the rest of requirements.txt for CPython 3.11
+#   debs/     Debian's python3.11 runtime (the GPU machine's own Python is 3.12,
+#             which numpy 1.23.5 and so MXNet 1.9.1 cannot use)
+#   parts/    all of it as one tar split into 60 MB parts: carry one part per
+#             call into a warm machine, join them there (see README "GPU check")
+# Usage: tools/gpu_prepare.sh [--dry-run] [OUTDIR]
+set -euo pipefail
+DRY=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
+OUT="${1:-.gpu}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${PY:-$ROOT/.venv/bin/python}"
+run() { echo "+ $*"; if [[ $DRY == 0 ]]; then "$@"; fi; }
+
+mkdir -p "$OUT/wheels" "$OUT/debs" "$OUT/parts"   # also in a dry run: the plan is written there
+# The CPU mxnet wheel is replaced by the CUDA 11.7 build (CUDA linked in, 509 MB).
+grep -v '^mxnet==' "$ROOT/requirements.txt" | grep -v '^#' | grep -v '^ruff\|^hypothesis' \
+    > "$OUT/requirements-gpu.txt" || true
+echo "mxnet-cu117==1.9.1" >> "$OUT/requirements-gpu.txt"
+run "$PY" -m pip download --only-binary=:all: --python-version 3.11 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_28_x86_64 -d "$OUT/wheels" -r "$OUT/requirements-gpu.txt"
+# Python 3.11 itself, unpacked there with dpkg -x (no root filesystem changes).
+(cd "$OUT/debs" && run apt-get download python3.11 python3.11-minimal libpython3.11 \
+    libpython3.11-minimal libpython3.11-stdlib python3.11-venv libmpdec3 libexpat1 \
+    libffi8 libssl3 zlib1g libbz2-1.0 liblzma5 libsqlite3-0 libncursesw6 libtinfo6 \
+    libreadline8 libuuid1 libgomp1 libquadmath0 libgfortran5)
+# The native library built here (against the same MXNet headers), in case the
+# GPU machine has no C++ compiler.
+run cp "$ROOT"/mxnet_mpi/_libmxnet_mpi*.so "$OUT/wheels/"
+run tar -C "$OUT" -cf "$OUT/stack.tar" wheels debs requirements-gpu.txt
+run split -b 60M -d "$OUT/stack.tar" "$OUT/parts/stack.tar.part-"
+run rm -f "$OUT/stack.tar"
+if [[ $DRY == 0 ]]; then
+    ls -l "$OUT/parts"
+    echo "parts: $(ls "$OUT/parts" | wc -l); carry them one per device call (README: GPU check)"
+fi
