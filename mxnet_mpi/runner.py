@@ -64,8 +64,11 @@ def run(argv: list[str]) -> int:
             # also sets sys.argv[0] to the path it is given: the absolute one.
             sys.path[0] = os.path.dirname(os.path.realpath(path))
             runpy.run_path(os.path.abspath(path), run_name="__main__")
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        # `raise SystemExit(n)` and the builtin exit(n) bypass sys.exit, which
+        # world.py wraps to see the status (a non-zero one aborts the job naming
+        # this rank, instead of peers reading a clean finish): pass it through.
+        sys.exit(exc.code)
     except BaseException as exc:  # noqa: BLE001  (reported as Python would, then status 1)
         tb = _script_frames_only(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)

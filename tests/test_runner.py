@@ -8,6 +8,7 @@ import sys
 import time
 
 import launching
+import pytest
 from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
 
 PLAIN = str(SCRIPTS / "plain_mxnet.py")
@@ -47,11 +48,13 @@ def test_exit_status_and_traceback_are_the_scripts():
     assert "runner.py" not in tb and "runpy" not in tb, tb
 
 
-def test_exit_status_on_one_of_two_ranks_ends_the_job_quickly():
-    # rank 1 calls sys.exit(3) after a step; rank 0 would go on training (200 steps,
-    # its next allreduce never matched): the non-zero status must end the job now
+@pytest.mark.parametrize("how", ["exit3-last", "raise3-last"])
+def test_exit_status_on_one_of_two_ranks_ends_the_job_quickly(how):
+    # rank 1 calls sys.exit(3) (or raises SystemExit(3)) after a step; rank 0 would
+    # go on training (200 steps, its next allreduce never matched): the non-zero
+    # status must end the job now, named as such (not as a clean finish)
     start = time.monotonic()
-    proc = runner(PLAIN, "mpi", "exit3-last", np_=2, timeout=60)
+    proc = runner(PLAIN, "mpi", how, np_=2, timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "rank 1 is exiting with status 3; aborting the MPI job" in proc.stderr, \
