@@ -143,6 +143,8 @@ class PeriodicCheck:
     def __init__(self) -> None:
         self.period = every()
         self.count = 0
+        if self.period > 0:
+            default_action()   # a misspelt action fails at the first step, not the Nth
 
     def tick(self, target, store) -> None:
         if self.period <= 0:

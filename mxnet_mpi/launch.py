@@ -174,17 +174,34 @@ def teardown(children: list, grace: float) -> None:
             c.thread.join(timeout=2)
 
 
+# Interpreter options that take no argument (may be combined: -uB), and those
+# that take one (attached, -Wignore, or as the next word).
+_PY_FLAGS = set("bBdEiIOPqRsSuvx")
+_PY_WITH_ARG = {"-W", "-X", "--check-hash-based-pycs"}
+
+
 def through_runner(command: list) -> list:
-    """`command` with a Python script or module run by ``python -m mxnet_mpi``,
-    so launched scripts need no ``import mxnet_mpi``; other commands unchanged."""
+    """`command` with a Python script or module run by ``python -m mxnet_mpi``
+    (after the interpreter's own options, e.g. ``python -u train.py``), so
+    launched scripts need no ``import mxnet_mpi``; other commands unchanged."""
     if len(command) < 2 or not Path(command[0]).name.startswith("python"):
         return list(command)
-    rest = command[1:]
-    if rest[:2] == ["-m", "mxnet_mpi"] or rest[:1] == ["-mmxnet_mpi"]:
+    i = 1
+    while i < len(command) and command[i].startswith("-") and command[i] != "-m":
+        word = command[i]
+        if word in _PY_WITH_ARG:
+            i += 2
+        elif word[:2] in ("-W", "-X") or (len(word) > 1 and set(word[1:]) <= _PY_FLAGS):
+            i += 1
+        else:   # -c CODE, -, --help, an option we do not know: leave the command alone
+            return list(command)
+    rest = command[i:]
+    if not rest or rest[:2] == ["-m", "mxnet_mpi"] or rest[0] == "-mmxnet_mpi":
         return list(command)
-    if rest[0] == "-m" or not rest[0].startswith("-"):   # python -m MOD ... / python SCRIPT ...
-        return [command[0], "-m", "mxnet_mpi", *rest]
-    return list(command)   # other interpreter options: leave the command alone
+    if rest[0] == "-m" and len(rest) < 2:
+        return list(command)
+    # python [OPTIONS] -m MOD ... / python [OPTIONS] SCRIPT ...
+    return [*command[:i], "-m", "mxnet_mpi", *rest]
 
 
 def parse_args(argv: list) -> argparse.Namespace:

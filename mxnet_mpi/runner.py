@@ -5,11 +5,12 @@
 
 imports mxnet_mpi (which registers ``mpi``, ``mpi_<mode>``, ``dist_sync_mpi``
 and ``dist_async_mpi`` with MXNet and patches Trainer/Module), then runs the
-script as ``__main__`` exactly as ``python train.py ARGS...`` would: same
-``sys.argv``, the script's directory first on ``sys.path``, the script's exit
-status. A script that says ``kvstore='mpi'`` therefore needs no
-``import mxnet_mpi``; without the runner (or the import) MXNet would quietly
-treat the unknown name as a local store and every rank would train alone.
+script as ``__main__`` as ``python train.py ARGS...`` would: same
+``sys.argv`` (``argv[0]`` made absolute), the script's directory first on
+``sys.path``, an absolute ``__file__``, the script's exit status. A script
+that says ``kvstore='mpi'`` therefore needs no ``import mxnet_mpi``; without
+the runner (or the import) MXNet would quietly treat the unknown name as a
+local store and every rank would train alone.
 """
 
 from __future__ import annotations
@@ -58,10 +59,16 @@ def run(argv: list[str]) -> int:
                                  % path)
                 return 2
             sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(os.path.abspath(path))  # as `python SCRIPT` does
-            runpy.run_path(path, run_name="__main__")
-    except SystemExit:
-        raise
+            # as `python SCRIPT` does: the script's real directory first on sys.path,
+            # an absolute __file__ (and so absolute paths in tracebacks). run_path
+            # also sets sys.argv[0] to the path it is given: the absolute one.
+            sys.path[0] = os.path.dirname(os.path.realpath(path))
+            runpy.run_path(os.path.abspath(path), run_name="__main__")
+    except SystemExit as exc:
+        # `raise SystemExit(n)` and the builtin exit(n) bypass sys.exit, which
+        # world.py wraps to see the status (a non-zero one aborts the job naming
+        # this rank, instead of peers reading a clean finish): pass it through.
+        sys.exit(exc.code)
     except BaseException as exc:  # noqa: BLE001  (reported as Python would, then status 1)
         tb = _script_frames_only(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)

@@ -1,11 +1,15 @@
 """Weight consistency check across real ranks: a 1-ulp difference on one rank is
 found and named, 'raise' raises, 'broadcast' restores bit-identical weights,
-the periodic setting runs it from Trainer.step, and off it issues nothing."""
+the periodic setting runs it from Trainer.step and Module.update, off it issues
+nothing, hybrid stores compare their group, and bad settings are named errors."""
 
 import re
+import subprocess
+import sys
 
+import launching
 import pytest
-from mpirun import run_mpi
+from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
 
 
 def results(out: str) -> list:
@@ -41,3 +45,60 @@ def test_off_by_default_costs_no_collective():
         assert len(counts) == 1, proc.stdout
         per_step[every] = float(counts.pop())
     assert per_step["1"] == per_step["0"] + 1   # the check is one small collective
+
+
+def test_periodic_check_from_module_update_rebroadcasts():
+    env = {"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_CONSISTENCY_ACTION": "broadcast"}
+    proc = run_mpi("consistency_module.py", 2, "chained", env=env, timeout=120)
+    want = {"differs_before": "True", "warned": "True", "names_fc_weight": "True",
+            "fixed": "True"}
+    assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
+
+
+BAD_INPUT = r"""
+import os, sys
+import mxnet as mx
+from mxnet import autograd, gluon
+import mxnet_mpi
+net = gluon.nn.Dense(2, in_units=3)
+net.initialize()
+trainer = gluon.Trainer(net.collect_params(), "sgd", kvstore="mpi")
+def report(what, fn):
+    try:
+        fn()
+        print(what, "NO ERROR")
+    except mxnet_mpi.MPIKVStoreError as exc:
+        print(what, "ERROR", exc)
+def step():
+    with autograd.record():
+        loss = net(mx.nd.ones((1, 3))).sum()
+    loss.backward()
+    trainer.step(1)
+report("env", step)
+report("action", lambda: mxnet_mpi.check_consistency(trainer, action="fix"))
+report("store", lambda: mxnet_mpi.check_consistency({"w": mx.nd.ones(2)}, action="warn"))
+report("target", lambda: mxnet_mpi.check_consistency({"w": 3}, store=trainer._kvstore,
+                                                   action="warn"))
+"""
+
+
+def test_bad_settings_and_arguments_are_named_errors():
+    env = {"MXNET_MPI_CONSISTENCY_EVERY": "5", "MXNET_MPI_CONSISTENCY_ACTION": "repair"}
+    proc = subprocess.run([sys.executable, "-c", BAD_INPUT], capture_output=True, text=True,
+                          env=mpi_env(env), cwd=str(ROOT), timeout=60)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the first step already refuses the misspelt action, not the fifth
+    assert "env ERROR MXNET_MPI_CONSISTENCY_ACTION must be one of warn, broadcast, raise, " \
+           "got 'repair'" in out, out
+    assert "action ERROR action must be one of warn, broadcast, raise, got 'fix'" in out, out
+    assert "store ERROR check_consistency needs an mxnet_mpi store" in out, out
+    assert "target ERROR check_consistency takes a Trainer" in out and "'w'" in out, out
+
+
+def test_hybrid_store_compares_the_ranks_of_its_group():
+    proc = launching.run(2, 1, 1, [sys.executable, str(SCRIPTS / "consistency.py"),
+                                   "dist_sync_mpi", "hybrid"], timeout=120)
+    want = {"type": "dist_sync_mpi", "group": "2", "found": "['dense1_weight']",
+            "warned": "True", "after": "[]"}
+    assert results(proc.stdout) == [want] * 2, proc.stdout[-4000:]

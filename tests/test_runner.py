@@ -5,8 +5,10 @@ every rank through it."""
 import re
 import subprocess
 import sys
+import time
 
 import launching
+import pytest
 from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
 
 PLAIN = str(SCRIPTS / "plain_mxnet.py")
@@ -29,7 +31,9 @@ def test_unchanged_script_sums_across_ranks():
     assert proc.returncode == 0, proc.stderr[-3000:]
     # -(1 + 2): the ranks summed their gradients (alone they would hold -1 and -2)
     assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout
-    assert proc.stdout.count("name __main__ argv ['mpi'] runner True") == 2
+    # as `python SCRIPT`: its directory first on sys.path, an absolute __file__
+    assert proc.stdout.count("name __main__ argv ['mpi'] runner True path0 %s file %s"
+                             % (SCRIPTS, PLAIN)) == 2, proc.stdout
 
 
 def test_exit_status_and_traceback_are_the_scripts():
@@ -38,14 +42,39 @@ def test_exit_status_and_traceback_are_the_scripts():
     proc = runner(PLAIN, "mpi_chained", "fail")
     assert proc.returncode == 1
     tb = proc.stderr[proc.stderr.index("Traceback"):]
-    assert 'plain_mxnet.py", line' in tb and "ValueError: boom in the user's script" in tb
+    line = next(i for i, text in enumerate(open(PLAIN), 1) if "raise ValueError" in text)
+    assert '%s", line %d, in <module>' % (PLAIN, line) in tb, tb
+    assert "ValueError: boom in the user's script" in tb
     assert "runner.py" not in tb and "runpy" not in tb, tb
 
 
+@pytest.mark.parametrize("how", ["exit3-last", "raise3-last"])
+def test_exit_status_on_one_of_two_ranks_ends_the_job_quickly(how):
+    # rank 1 calls sys.exit(3) (or raises SystemExit(3)) after a step; rank 0 would
+    # go on training (200 steps, its next allreduce never matched): the non-zero
+    # status must end the job now, named as such (not as a clean finish)
+    start = time.monotonic()
+    proc = runner(PLAIN, "mpi", how, np_=2, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "rank 1 is exiting with status 3; aborting the MPI job" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert elapsed < 45, "took %.0f s" % elapsed
+
+
 def test_failure_on_every_rank_ends_the_job():
-    proc = runner(PLAIN, "mpi", "fail", np_=2)
+    # rank 1 raises after a step while rank 0 trains on: the job ends, naming rank 1
+    proc = runner(PLAIN, "mpi", "fail", np_=2, timeout=60)
     assert proc.returncode != 0
-    assert "raised ValueError; aborting the MPI job" in proc.stderr
+    assert "rank 1 raised ValueError; aborting the MPI job" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_module_form_runs_as_main_with_its_exit_status():
+    # python -m mxnet_mpi -m MODULE: the module from the current directory, as __main__
+    proc = runner("-m", "tests.scripts.plain_mxnet", "mpi", "exit3")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "name __main__ argv ['mpi', 'exit3'] runner True path0 %s" % ROOT in proc.stdout
+    assert weights(proc.stdout) == {0: (-1.0, 0.0)}, proc.stdout
 
 
 def test_usage_and_missing_script():
@@ -58,3 +87,14 @@ def test_launcher_runs_unchanged_scripts_through_the_runner():
     # hybrid store, one group per rank, a real ps-lite server: no import in the script
     proc = launching.run(2, 2, 1, [sys.executable, PLAIN, "dist_sync_mpi"])
     assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout[-3000:]
+
+
+def test_launcher_puts_the_runner_after_interpreter_options():
+    from mxnet_mpi.launch import through_runner
+    py = sys.executable
+    assert through_runner([py, "t.py", "-u"]) == [py, "-m", "mxnet_mpi", "t.py", "-u"]
+    assert through_runner([py, "-u", "-W", "ignore", "-Xdev", "-m", "pkg.mod", "a"]) == \
+        [py, "-u", "-W", "ignore", "-Xdev", "-m", "mxnet_mpi", "-m", "pkg.mod", "a"]
+    for unchanged in ([py, "-m", "mxnet_mpi", "t.py"], [py, "-u", "-m", "mxnet_mpi", "t.py"],
+                      [py, "-c", "print(1)"], [py, "--version"], ["./train.sh", "t.py"]):
+        assert through_runner(unchanged) == unchanged

@@ -4,6 +4,8 @@
     api        check_consistency() with each action after rank 1's weight moved 1 ulp
     periodic   MXNET_MPI_CONSISTENCY_EVERY=2 (set by the test), action broadcast
     off        no setting: no extra collective is issued
+    hybrid     (MODE is dist_sync_mpi or dist_async_mpi, under mxnet_mpi.launch) the
+               ranks of one group are compared; broadcast repairs the nudge
 Prints "RESULT <rank> <key>=<value> ..." lines.
 """
 
@@ -24,7 +26,7 @@ net = gluon.nn.HybridSequential()
 net.add(gluon.nn.Dense(4, in_units=3), gluon.nn.Dense(2, in_units=4))
 net.initialize(mx.init.Xavier())
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
-                        kvstore="mpi_" + mode)
+                        kvstore=mode if mode.startswith("dist_") else "mpi_" + mode)
 x = mx.nd.array(np.full((2, 3), R + 1.0))
 
 
@@ -86,6 +88,16 @@ elif scenario == "periodic":
         step()            # step 2: the check runs, finds rank 1's nudge, re-broadcasts
     warned = any("weights differ" in str(w.message) for w in caught)
     print("RESULT %d warned=%s fixed=%s" % (R, warned, same_everywhere()), flush=True)
+elif scenario == "hybrid":
+    nudge()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = check_consistency(trainer, action="broadcast")
+    warned = any("rank(s) 1 differ" in str(w.message) for w in caught)
+    after = check_consistency(trainer, action="raise")   # raises if still different
+    print("RESULT %d type=%s group=%d found=%s warned=%s after=%s"
+          % (R, trainer._kvstore.type, trainer._kvstore._comm.size, found, warned, after),
+          flush=True)
 elif scenario == "off":
     kv = trainer._kvstore
     issued = kv._stream.info()[0]

@@ -1,0 +1,63 @@
+"""Periodic consistency check from Module.update on real ranks.
+
+  mpirun -np 2 python consistency_module.py MODE
+with MXNET_MPI_CONSISTENCY_EVERY=2 and MXNET_MPI_CONSISTENCY_ACTION=broadcast
+(set by the test): update 1, then rank 1's fc_weight moves 1 ulp, update 2
+runs the check. Prints "RESULT <rank> warned=... names_fc_weight=... fixed=...".
+"""
+
+import sys
+import warnings
+
+import mxnet as mx
+import numpy as np
+
+import mxnet_mpi
+
+mode = sys.argv[1]
+R = mxnet_mpi.rank()
+net = mx.sym.FullyConnected(mx.sym.Variable("data"), num_hidden=3, name="fc")
+net = mx.sym.SoftmaxOutput(net, name="softmax")
+mod = mx.mod.Module(net, context=mx.cpu())
+mod.bind(data_shapes=[("data", (4, 5))], label_shapes=[("softmax_label", (4,))])
+mod.init_params(initializer=mx.init.Xavier())
+mod.init_optimizer(kvstore="mpi_" + mode, optimizer="sgd",
+                   optimizer_params={"learning_rate": 0.1})
+batch = mx.io.DataBatch([mx.nd.full((4, 5), R + 1.0)], [mx.nd.array([0, 1, 2, 0])])
+
+
+def step() -> None:
+    mod.forward_backward(batch)
+    mod.update()
+
+
+def weights() -> np.ndarray:
+    group = mod._exec_group
+    return np.concatenate([a[0].asnumpy().ravel() for a in group.param_arrays])
+
+
+def same_everywhere() -> bool:
+    """Bit-identical to rank 0's weights? (independent of the check: a broadcast)"""
+    mine = mx.nd.array(weights().view(np.int32).astype(np.int64), dtype="int64")
+    root = mine.copy()
+    mod._kvstore.broadcast("root-copy", root, out=root)
+    diff = mx.nd.array([int((mine.asnumpy() != root.asnumpy()).sum())], dtype="int64")
+    mod._kvstore.pushpull("diff-count", diff)
+    return int(diff.asscalar()) == 0
+
+
+step()
+if R == 1:
+    w = mod._exec_group.param_arrays[mod._exec_group.param_names.index("fc_weight")][0]
+    v = w.asnumpy()
+    v[0, 0] = np.nextafter(v[0, 0], np.float32(np.inf))
+    w[:] = v
+differs_before = not same_everywhere()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    step()
+    mx.nd.waitall()
+texts = [str(w.message) for w in caught if "weights differ" in str(w.message)]
+print("RESULT %d differs_before=%s warned=%s names_fc_weight=%s fixed=%s"
+      % (R, differs_before, bool(texts), any("'fc_weight'" in t for t in texts),
+         same_everywhere()), flush=True)
