@@ -166,16 +166,6 @@ def test_module_fit_dist_sync_mpi(tmp_path):
     assert_close(ranks[0][0], ref, "Module with dist_sync_mpi and one process")
 
 
-def test_module_fit_dist_async_mpi_rescales_like_dist_async(tmp_path):
-    """MXNet divides gradients by the number of workers for synchronous dist
-    stores only: dist_async_mpi must take dist_async's step size (1/batch)."""
-    script = str(SCRIPTS / "module_train.py")
-    proc = launch(N, GROUPS, 1, [sys.executable, script, "--kvstore", "dist_async_mpi",
-                                 "--outdir", str(tmp_path / "hyb")])
-    assert proc.stdout.count("kvstore type dist_async_mpi rescale_grad %r" % (1 / 8)) == N, \
-        proc.stdout[-3000:]
-
-
 def test_misconfiguration_errors():
     proc = run_mpi(str(SCRIPTS / "hybrid_errors.py"), 2, timeout=120)
     for case, text in [("no_ps_env", "DMLC_PS_ROOT_URI"), ("no_ps_env", "mxnet_mpi.launch"),
