@@ -15,13 +15,14 @@ from .hybrid import HybridKVStore
 from .joining import join
 from .kvstore import MPIKVStore
 from .modes import DEFAULT_MODE, MODES
+from .syncbn import SyncBatchNorm
 from .world import finalize, init, local_rank, local_size, rank, size, world
 
 mxnet_patches.apply()
 
 __all__ = [
     "DEFAULT_MODE", "MODES", "HybridKVStore", "MPIKVStore", "MPIKVStoreError",
-    "SUPPORTED_DTYPES",
+    "SUPPORTED_DTYPES", "SyncBatchNorm",
     "allreduce_", "broadcast_", "check_consistency", "finalize", "init", "join", "local_rank",
     "local_size", "rank",
     "hybrid", "ops", "size", "stores", "world",

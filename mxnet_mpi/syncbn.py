@@ -1,0 +1,180 @@
+"""Batch normalisation synchronised across ranks (experimental).
+
+``mxnet_mpi.SyncBatchNorm`` is a drop-in for ``gluon.nn.BatchNorm`` (and
+``gluon.contrib.nn.SyncBatchNorm``, whose statistics only cover the devices
+of one process): in training, the batch mean and variance of each channel
+come from sums over the batches of **every rank** (sum x, sum x², count,
+allreduced by one engine-embedded collective per layer in forward), and the
+backward pass allreduces the two per-channel sums the input gradient needs.
+gamma's and beta's gradients stay per rank: the Trainer's allreduce sums them.
+Ranks may have different batch sizes. Outside training it uses the running
+statistics, like BatchNorm.
+
+Status: one layer equals ``gluon.nn.BatchNorm`` on the global batch (outputs,
+gradients, running statistics; tests/test_syncbn.py), but training a whole
+resnet18_v1b with it through examples/data_parallel.py gave NaN weights in
+the one run tried, not yet explained: treat it as experimental.
+
+Forward collectives share one communicator; each layer's backward ones have
+their own (created at its first training forward; two threads each), so the
+order in which the engine runs layers' backward passes cannot pair collectives
+of different layers or steps. The block runs imperatively (``hybridize()``
+is refused: the collective is not a symbol).
+"""
+
+from __future__ import annotations
+
+import mxnet as mx
+from mxnet import autograd
+from mxnet.gluon import HybridBlock
+
+from . import ops
+from .errors import MPIKVStoreError
+from .modes import create_stream
+from .world import init as init_world
+
+
+class _Channel:
+    """A communicator and stream for SyncBatchNorm's collectives (collective
+    to create: made at a layer's first training forward, in program order)."""
+
+    def __init__(self, name: str) -> None:
+        self._comm = init_world()
+        self._stream = create_stream("concurrent", self._comm, name)
+
+
+# Why these channels. A stream runs its collectives in push order. Forward
+# collectives are pushed by the Python thread in program order: one stream
+# for all layers. Backward collectives are pushed later, from the callbacks
+# of the backward pass, in the order the engine makes layers ready, which can
+# differ between ranks (a residual block's two branches) and which comes after
+# the next step's forward was pushed: each layer gets its own backward stream,
+# so neither a forward collective nor another layer's can stand in front of it.
+# Never the chained stream: its process-wide chain would put a collective
+# pushed during backward behind the Trainer's allreduces that wait for it.
+_forward_channel: list = []
+
+
+def _forward() -> _Channel:
+    if not _forward_channel:
+        _forward_channel.append(_Channel("SyncBatchNorm forward"))
+    return _forward_channel[0]
+
+
+class _SyncBNFunction(autograd.Function):
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta with mean and var over
+    all ranks' batches; backward as the global batch's BatchNorm gives it."""
+
+    def __init__(self, axis: int, eps: float, name: str, channel: _Channel) -> None:
+        super().__init__()
+        self._axis, self._eps, self._name, self._channel = axis, eps, name, channel
+
+    def _shape(self, x) -> tuple:
+        return tuple(x.shape[self._axis] if i == self._axis else 1 for i in range(x.ndim))
+
+    def _axes(self, x) -> tuple:
+        return tuple(i for i in range(x.ndim) if i != self._axis)
+
+    def forward(self, x, gamma, beta):
+        axes, shape = self._axes(x), self._shape(x)
+        c = x.shape[self._axis]
+        count = mx.nd.full((1,), x.size // c, dtype=x.dtype, ctx=x.context)
+        stats = mx.nd.concat(x.sum(axis=axes), (x * x).sum(axis=axes), count, dim=0)
+        ops.allreduce_(stats, name="%s forward statistics" % self._name, store=_forward())
+        total = stats[2 * c:2 * c + 1]
+        mean = stats[:c] / total
+        var = mx.nd.relu(stats[c:2 * c] / total - mean * mean)   # rounding can dip below 0
+        inv_std = 1.0 / mx.nd.sqrt(var + self._eps)
+        xhat = (x - mean.reshape(shape)) * inv_std.reshape(shape)
+        y = xhat * gamma.reshape(shape) + beta.reshape(shape)
+        # Backward runs later, in a callback whose engine ops are pushed after
+        # whatever the program pushed meanwhile (the optimizer's update of
+        # gamma): it must read only arrays made here, never gamma itself, or
+        # the update would wait for the gradient that waits for the update.
+        scale = gamma * inv_std
+        self.save_for_backward(xhat, scale, total)
+        return y, mean, var
+
+    def backward(self, dy, _dmean, _dvar):
+        xhat, scale, total = self.saved_tensors
+        axes, shape = self._axes(xhat), self._shape(xhat)
+        c = xhat.shape[self._axis]
+        dbeta = dy.sum(axis=axes)
+        dgamma = (dy * xhat).sum(axis=axes)
+        sums = mx.nd.concat(dbeta, dgamma, dim=0)
+        # out of place: in place, this allreduce gave garbage inside resnet's
+        # backward (not reproduced in isolation; see the issue notes)
+        sums = ops.allreduce(sums, name="%s backward sums" % self._name, store=self._channel)
+        mean_dy = (sums[:c] / total).reshape(shape)
+        mean_dy_xhat = (sums[c:] / total).reshape(shape)
+        dx = (dy - mean_dy - xhat * mean_dy_xhat) * scale.reshape(shape)
+        return dx, dgamma, dbeta
+
+
+class SyncBatchNorm(HybridBlock):
+    """BatchNorm whose batch statistics cover every rank (see module docs).
+    Arguments as ``gluon.nn.BatchNorm`` (``axis``, ``momentum``, ``epsilon``,
+    ``center``, ``scale``, initialisers, ``in_channels``)."""
+
+    _count = 0
+
+    def __init__(self, axis: int = 1, momentum: float = 0.9, epsilon: float = 1e-5,
+                 center: bool = True, scale: bool = True, use_global_stats: bool = False,
+                 beta_initializer="zeros", gamma_initializer="ones",
+                 running_mean_initializer="zeros", running_variance_initializer="ones",
+                 in_channels: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._axis, self._momentum, self._eps = axis, momentum, epsilon
+        self._use_global_stats = use_global_stats
+        self._channel = None
+        SyncBatchNorm._count += 1
+        self._label = "SyncBatchNorm %d" % SyncBatchNorm._count
+        with self.name_scope():
+            self.gamma = self.params.get("gamma", grad_req="write" if scale else "null",
+                                         shape=(in_channels,), init=gamma_initializer,
+                                         allow_deferred_init=True, differentiable=scale)
+            self.beta = self.params.get("beta", grad_req="write" if center else "null",
+                                        shape=(in_channels,), init=beta_initializer,
+                                        allow_deferred_init=True, differentiable=center)
+            self.running_mean = self.params.get("running_mean", grad_req="null",
+                                                shape=(in_channels,),
+                                                init=running_mean_initializer,
+                                                allow_deferred_init=True, differentiable=False)
+            self.running_var = self.params.get("running_var", grad_req="null",
+                                               shape=(in_channels,),
+                                               init=running_variance_initializer,
+                                               allow_deferred_init=True, differentiable=False)
+
+    def hybridize(self, active: bool = True, **kwargs) -> None:
+        if active:
+            raise MPIKVStoreError("mxnet_mpi.SyncBatchNorm cannot be hybridized: its "
+                                  "cross-rank collective is not a symbol; hybridize the blocks "
+                                  "around it instead")
+        super().hybridize(active, **kwargs)
+
+    def infer_shape(self, x, *args) -> None:
+        c = x.shape[self._axis]
+        for p in (self.gamma, self.beta, self.running_mean, self.running_var):
+            p.shape = (c,)
+
+    def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
+        if F is not mx.nd:
+            raise MPIKVStoreError("mxnet_mpi.SyncBatchNorm runs imperatively only")
+        if not autograd.is_training() or self._use_global_stats:
+            return F.BatchNorm(x, gamma, beta, running_mean, running_var, eps=self._eps,
+                               momentum=self._momentum, axis=self._axis,
+                               use_global_stats=True, fix_gamma=False)
+        if self._channel is None:   # first training forward: the same order on every rank
+            _forward()
+            self._channel = _Channel(self._label + " backward")
+        fn = _SyncBNFunction(self._axis % x.ndim, self._eps, self._label, self._channel)
+        y, mean, var = fn(x, gamma, beta)
+        with autograd.pause():
+            m = self._momentum
+            running_mean[:] = running_mean * m + mean * (1 - m)
+            running_var[:] = running_var * m + var * (1 - m)
+        return y
+
+    def __repr__(self) -> str:
+        return "SyncBatchNorm(axis=%d, eps=%g, momentum=%g, ranks: all)" % (
+            self._axis, self._eps, self._momentum)

@@ -1,0 +1,36 @@
+"""mxnet_mpi.SyncBatchNorm on 2 and 3 ranks with different batch sizes equals
+gluon.nn.BatchNorm in one process on the global batch: outputs, input
+gradients, gamma/beta gradients (summed over ranks), running statistics and
+inference outputs."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_):
+    run_mpi("syncbn_run.py", np_, str(tmp_path), timeout=120)
+    subprocess.run([sys.executable, str(SCRIPTS / "syncbn_run.py"), str(tmp_path), "--reference",
+                    str(np_)], check=True, env=mpi_env(), cwd=str(ROOT), timeout=120,
+                   capture_output=True)
+    ranks = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(np_)]
+    ref = dict(np.load(tmp_path / "ref.npz"))
+    for k in ("y", "dx", "inference"):   # per-sample: the ranks' slices, in rank order
+        np.testing.assert_allclose(np.concatenate([r[k] for r in ranks]), ref[k], rtol=1e-5,
+                                   atol=2e-6, err_msg=k)
+    for k in ("dgamma", "dbeta", "running_mean", "running_var"):
+        for r in ranks:
+            np.testing.assert_allclose(r[k], ref[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    # the statistics really are global: a rank's own batch would give other outputs
+    assert np.abs(ranks[0]["running_mean"] - ranks[-1]["running_mean"]).max() == 0
+
+
+def test_hybridize_is_refused():
+    import mxnet_mpi
+    bn = mxnet_mpi.SyncBatchNorm(in_channels=2)
+    with pytest.raises(mxnet_mpi.MPIKVStoreError, match="cannot be hybridized"):
+        bn.hybridize()
