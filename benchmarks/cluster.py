@@ -16,7 +16,8 @@ transfer takes wall time without taking CPU (unlike loopback).
    mpirun: compute only; comm only (the default mode's allreduce of the
    gradients, no compute); no overlap (backward, wait, then allreduce); each
    mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); Horovod 0.28.1
-   DistributedTrainer when importable (else a skipped row); ps-lite
+   DistributedTrainer when importable (else a skipped row; it runs with oneDNN
+   off, which it needs, and its note gives its own compute time); ps-lite
    ``dist_sync`` with its server on host 2.
 
 Writes cluster.csv (link_gbit, store, ms_per_step, compute_ms, comm_ms,
@@ -58,7 +59,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.model = args.model or ("resnet18_v1" if args.quick else "resnet50_v1b")
-    args.steps = args.steps or (3 if args.quick else 8)
+    args.steps = args.steps or (2 if args.quick else 8)
     args.warmup = 1 if args.quick else 2
     return args
 
@@ -78,33 +79,39 @@ def peer_worker(args: argparse.Namespace) -> None:
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     net(x).wait_to_read()
     opt = {"learning_rate": 1e-3}
+
+    def timed(trainer) -> float:
+        def step():
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            trainer.step(args.batch)
+
+        for _ in range(2 if args.steps > 3 else 1):
+            step()
+            mx.nd.waitall()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        mx.nd.waitall()
+        return (time.perf_counter() - t0) / args.steps
+
+    out = {}
     if args.worker == "horovod":
         import horovod.mxnet as hvd
         hvd.init()
         rank = hvd.rank()
+        # Horovod runs with oneDNN off (see horovod_run): its own compute-only time
+        out["compute"] = timed(gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=None))
         hvd.broadcast_parameters(net.collect_params(), root_rank=0)
         trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
     else:
         kv = mx.kv.create("dist_sync")
         rank = kv.rank
         trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(args.batch)
-
-    for _ in range(2 if args.steps > 3 else 1):
-        step()
-        mx.nd.waitall()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    mx.nd.waitall()
-    secs = (time.perf_counter() - t0) / args.steps
+    out["step"] = timed(trainer)
     if rank == 0:
-        Path(args.worker_json).write_text(json.dumps({"step": secs}))
+        Path(args.worker_json).write_text(json.dumps(out))
 
 
 # ----------------------------------------------------------------- driver
@@ -129,7 +136,7 @@ def job_env(cluster, chunk_bytes: int | None = None) -> dict:
     return env
 
 
-def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> float:
+def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> dict:
     """dist_sync: scheduler and server on host 2, one worker on each of hosts 0, 1."""
     from mxnet_mpi.launch import free_port
 
@@ -153,7 +160,7 @@ def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> float:
         for w in workers:
             if w.wait(timeout=600) != 0:
                 raise RuntimeError("dist_sync worker failed")
-        return json.loads(out_json.read_text())["step"]
+        return json.loads(out_json.read_text())
     finally:
         for p in procs + workers:
             if p.poll() is None:
@@ -161,8 +168,9 @@ def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> float:
                 p.wait()
 
 
-def horovod_run(cluster, args: argparse.Namespace, out_json: Path) -> float | None:
-    """Horovod's DistributedTrainer on hosts 0 and 1, or None if not installed."""
+def horovod_run(cluster, args: argparse.Namespace, out_json: Path) -> dict | None:
+    """Horovod's DistributedTrainer on hosts 0 and 1 ({'step', 'compute'} in
+    seconds), or None if Horovod is not installed."""
     probe = subprocess.run([sys.executable, "-c", "import horovod.mxnet"], capture_output=True)
     if probe.returncode != 0:
         return None
@@ -170,8 +178,12 @@ def horovod_run(cluster, args: argparse.Namespace, out_json: Path) -> float | No
                              str(out_json), "--model", args.model, "--image-size",
                              str(args.image_size), "--batch", str(args.batch),
                              "--steps", str(args.steps)], per_host=1)
-    subprocess.run(cmd, check=True, env=job_env(cluster), cwd=str(ROOT), timeout=600)
-    return json.loads(out_json.read_text())["step"]
+    # Horovod 0.28.1 cannot reduce arrays in oneDNN layouts (MXNetError "We can't
+    # generate TBlob for MKLDNN data"): it runs with oneDNN off, so its row's
+    # note gives its own compute-only time in that setting.
+    env = dict(job_env(cluster), MXNET_MKLDNN_ENABLED="0")
+    subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=600)
+    return json.loads(out_json.read_text())
 
 
 def choose_rates(grad_bytes: int, compute_s: float, ratios: list) -> list:
@@ -218,12 +230,12 @@ def drive(args: argparse.Namespace) -> None:
             compute, comm = t["compute"], t["comm_" + default]
 
             def row(store, secs, skipped=False, rate=rate, compute=compute, comm=comm,
-                    res=res):
+                    res=res, note=""):
                 rows.append({"link_gbit": rate, "store": store,
                              "ms_per_step": None if skipped else secs * 1e3,
                              "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
                              "grad_MB": res["grad_bytes"] / 2**20,
-                             "chunk_bytes": args.chunk_bytes or "default"})
+                             "chunk_bytes": args.chunk_bytes or "default", "note": note})
             row("compute only", compute)
             row("comm only", comm)
             row("no overlap", t["baseline"])
@@ -232,8 +244,13 @@ def drive(args: argparse.Namespace) -> None:
                 if m != default:
                     row("mpi_" + m, t[m])
             hv = horovod_run(cluster, args, outdir / ("cluster_hvd_%g.json" % rate))
-            row("horovod", hv, skipped=hv is None)
-            row("dist_sync", pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate)))
+            if hv is None:
+                row("horovod", None, skipped=True, note="not installed")
+            else:
+                row("horovod", hv["step"], note="oneDNN off; its compute-only: %.0f ms"
+                    % (hv["compute"] * 1e3))
+            ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
+            row("dist_sync", ps["step"], note="server on host 2")
             print("link %g Gbit/s done (%.0f s so far)" % (rate, time.time() - t_start),
                   flush=True)
     write_outputs(rows, outdir, args, calib)
@@ -258,16 +275,16 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace, calib: dic
           % (args.model, args.batch, args.image_size, args.image_size, rows[0]["grad_MB"],
              "" if calib is None else ", calibration compute %.0f ms"
              % (calib["times"]["compute"] * 1e3)))
-    print("%9s %-13s %9s %9s %9s %12s %11s %9s %13s" % (
+    print("%9s %-13s %9s %9s %9s %12s %11s %9s %13s  %s" % (
         "link Gb/s", "store", "ms/step", "compute", "comm", "max(c,comm)", "c+comm",
-        "vs max", "no-overlap/x"))
+        "vs max", "no-overlap/x", "note"))
     for r in rows:
         step = "skipped" if r["ms_per_step"] is None else "%.0f" % r["ms_per_step"]
         vs = "" if r["vs_bound"] is None else "%.2f" % r["vs_bound"]
         sp = "" if r["vs_no_overlap"] is None else "%.2f" % r["vs_no_overlap"]
-        print("%9g %-13s %9s %9.0f %9.0f %12.0f %11.0f %9s %13s" % (
+        print("%9g %-13s %9s %9.0f %9.0f %12.0f %11.0f %9s %13s  %s" % (
             r["link_gbit"], r["store"], step, r["compute_ms"], r["comm_ms"],
-            r["bound_overlap_ms"], r["bound_serial_ms"], vs, sp))
+            r["bound_overlap_ms"], r["bound_serial_ms"], vs, sp, r["note"]))
     plot(rows, outdir, args)
     print("\nwrote %s and %s" % (outdir / "cluster.csv", outdir / "cluster.png"))
 
