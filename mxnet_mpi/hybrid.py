@@ -413,7 +413,13 @@ class HybridKVStore(MPIKVStore):
                 self.stats["server_row_sparse_pull"] += 1
             elif key not in self._ps_errors:
                 def pull():
+                    # a health flight around the server's answer: a stopped server,
+                    # scheduler or other group stalls here, and is reported as such
+                    desc = ("parameter-server pull of key %r (group %d; waits for the servers "
+                            "and every group's push)" % (key, self._group_id))
+                    wait = _native.server_wait(outs[0], desc, True)
                     self._dist.pull(key, out=outs[0], priority=priority)
+                    _native.server_wait(outs[0], desc, False, wait)
                     outs[0].wait_to_read()
 
                 self._server_call(key, "pull", pull)

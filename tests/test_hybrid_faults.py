@@ -115,3 +115,36 @@ def test_stopped_server_does_not_outlive_a_killed_launcher():
             leftovers = _kill_left(port)
     assert left == [] and leftovers == [], left
     assert took < 20, took
+
+
+@pytest.mark.parametrize("victim", ["server0"])
+def test_stopped_server_is_named_and_aborts(victim):
+    """A server stopped with SIGSTOP while 2 groups train (a stopped scheduler is
+    off the data path: training goes on until the exit barrier):
+    the waiting ranks warn about a parameter-server request, the job aborts at
+    MXNET_MPI_STALL_ABORT_S and nothing is left behind."""
+    env = {"MXNET_MPI_STALL_WARN_S": "3", "MXNET_MPI_STALL_ABORT_S": "8"}
+    proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", "train_loop"], env=env)
+    lines: list = []
+    port = None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("READY" in ln for ln in lines) == N:
+                break
+        port, pids = port_of("".join(lines)), pids_of("".join(lines))
+        os.kill(pids[victim], signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=45)
+        took = time.monotonic() - t0
+    finally:
+        stop(proc)
+        leftovers = _kill_left(port) if port is not None else []
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out[-3000:]
+    assert "stall warning: 'parameter-server pull of key 0" in out, out[-3000:]
+    assert "servers or the scheduler do not answer" in out, out[-3000:]
+    assert "MXNET_MPI_STALL_ABORT_S=8" in out, out[-3000:]
+    assert took < 30, took
+    assert leftovers == [], leftovers
+    print("time to abort after SIGSTOP of %s: %.1f s" % (victim, took))

@@ -13,6 +13,7 @@ Prints `RESULT <json>` per rank.
 
 import argparse
 import json
+import os
 import time
 
 import mxnet as mx
@@ -66,5 +67,16 @@ elif args.case == "two_trainers":
         tr.step(1)
     out["weight"] = net.weight.data().asnumpy().tolist()
     out["bias"] = net.bias.data().asnumpy().tolist()
+elif args.case == "train_loop":
+    # pushes and pulls until killed; READY after the first step
+    kv.init(0, mx.nd.zeros((4,)))
+    g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
+    for step in range(100000):
+        kv.push(0, g)
+        kv.pull(0, out=w)
+        w.wait_to_read()
+        if step == 0:
+            print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
+        time.sleep(0.01)
 mx.nd.waitall()
 print("RESULT " + json.dumps(out), flush=True)
