@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -117,7 +118,7 @@ def test_stopped_server_does_not_outlive_a_killed_launcher():
     assert took < 20, took
 
 
-@pytest.mark.parametrize("victim", ["server0"])
+@pytest.mark.parametrize("victim", ["server0", "rank1"])
 def test_stopped_server_is_named_and_aborts(victim):
     """A server stopped with SIGSTOP while 2 groups train (a stopped scheduler is
     off the data path: training goes on until the exit barrier):
@@ -133,7 +134,9 @@ def test_stopped_server_is_named_and_aborts(victim):
             if sum("READY" in ln for ln in lines) == N:
                 break
         port, pids = port_of("".join(lines)), pids_of("".join(lines))
-        os.kill(pids[victim], signal.SIGSTOP)
+        ready = {int(m.group(1)): int(m.group(2)) for m in
+                 (re.search(r"READY rank (\d+) pid (\d+)", ln) for ln in lines) if m}
+        os.kill(ready[1] if victim == "rank1" else pids[victim], signal.SIGSTOP)
         t0 = time.monotonic()
         out, _ = proc.communicate(timeout=45)
         took = time.monotonic() - t0
@@ -142,8 +145,12 @@ def test_stopped_server_is_named_and_aborts(victim):
         leftovers = _kill_left(port) if port is not None else []
     out = "".join(lines) + out
     assert proc.returncode != 0, out[-3000:]
+    # group 1 waits on the servers for group 0's push; with a stopped rank 1,
+    # its group peer rank 0 names it
     assert "stall warning: 'parameter-server pull of key 0" in out, out[-3000:]
     assert "servers or the scheduler do not answer" in out, out[-3000:]
+    if victim == "rank1":
+        assert "Missing ranks: 1 (not answering" in out, out[-3000:]
     assert "MXNET_MPI_STALL_ABORT_S=8" in out, out[-3000:]
     assert took < 30, took
     assert leftovers == [], leftovers
