@@ -87,3 +87,13 @@ def check(rc: int) -> None:
     """Raise NativeError with the library's message if a call failed."""
     if rc != 0:
         raise NativeError(last_error())
+
+
+def server_wait(arr, desc: str, begin: bool, wait_id: int = 0) -> int:
+    """Mark a parameter-server wait on NDArray `arr` as a health flight: `begin`
+    (an engine op reading `arr`, queued before the request that writes it)
+    returns an id; the end call with that id (queued after the request) closes
+    it. A flight that outlives the stall settings warns and aborts the job."""
+    out = ctypes.c_int64(wait_id)
+    check(LIB.mxmpi_server_wait(arr.handle, desc.encode(), int(begin), ctypes.byref(out)))
+    return out.value

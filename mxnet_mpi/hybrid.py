@@ -47,7 +47,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import _native
-from .collectives import Call, Stream, allreduce_
+from .collectives import Call, Stream, allreduce_, token_call
 from .errors import MPIKVStoreError
 from .keys import check_key as _check_key
 from .kvstore import (
@@ -193,6 +193,8 @@ class HybridKVStore(MPIKVStore):
         self._rsp_keys: set = set()          # keys stored row_sparse on the servers
         self._all_rows: dict = {}            # key -> arange(rows), to pull a whole weight
         self._owners: dict = {}
+        self._server_keys: set = set()       # keys initialised on the servers by this store
+        self._ps_errors: dict = {}           # key -> a failed server push, raised at its pull
         self.routes: dict = {}               # key -> 'dense' or 'row_sparse' (introspection)
         self.stats: collections.Counter = collections.Counter()
         if self._is_ps_worker:
@@ -328,7 +330,17 @@ class HybridKVStore(MPIKVStore):
                                       priority=priority)])
 
     # ------------------------------------------------------------ dense path
+    def _require_init(self, key, verb: str) -> None:
+        """A key the servers never saw would abort the server process (ps-lite's
+        CHECK, not an error sent back): refuse it on every rank, before any
+        collective (every rank initialises the same keys, so all refuse)."""
+        if key not in self._server_keys:
+            raise MPIKVStoreError("%s of key %r on kvstore '%s': the key was never initialised; "
+                                  "call init() (or broadcast()) on it first"
+                                  % (verb, key, self.type))
+
     def _push_dense(self, key, values: list, priority: int) -> None:
+        self._require_init(key, "push")
         self._checked(key, values, None, "allreduce")
         self.routes[key] = "dense"
         src = self._local_sum(key, values)
@@ -337,14 +349,50 @@ class HybridKVStore(MPIKVStore):
             buf = self._gbuf[key] = mx.nd.empty(src.shape, ctx=src.context, dtype=src.dtype)
         self._group_allreduce(key, src, buf, priority)
         if self._owns(key):
-            self._dist.push(key, buf, priority=priority)
+            self._server_call(key, "push", lambda: self._dist.push(key, buf, priority=priority))
             self.stats["server_push_dense"] += 1
+
+    def _server_call(self, key, verb: str, fn) -> None:
+        """Run a server call of the owner; a failure is kept for the key's next
+        group broadcast, which then fails on every rank of the group with it
+        (the peers are waiting in that broadcast, not on the server)."""
+        try:
+            fn()
+        except (mx.base.MXNetError, MPIKVStoreError) as exc:
+            first = str(exc).strip().splitlines()
+            self._ps_errors.setdefault(key, "parameter server %s of key %r failed on group %d's "
+                                       "owner (world rank %d): %s"
+                                       % (verb, key, self._group_id, self._world.rank,
+                                          first[0] if first else type(exc).__name__))
+
+    def _broadcast_or_fail(self, key, arr, priority: int, internal: str | None = None) -> None:
+        """The owner's group broadcast of `key`, or, after a server failure on
+        the owner, a token in its place: every rank of the group raises the
+        same MPIKVStoreError."""
+        reason = self._ps_errors.pop(key, None) if self._owns(key) else None
+        if reason is None:
+            if internal is None:
+                self._group_broadcast(key, arr, priority)
+            else:
+                self._internal(_native.BROADCAST, arr, internal, root=self.owner(key))
+                self.stats["group_broadcast"] += 1
+            return
+        if internal is None:
+            token = self._keys.token(_native.BROADCAST, "group broadcast", key, arr, reason)
+        else:
+            token = token_call(_native.BROADCAST, np.dtype(arr.dtype), [tuple(arr.shape)],
+                               "%s shape=%s %s" % (internal, tuple(arr.shape),
+                                                   np.dtype(arr.dtype)), internal, reason)
+        self._usable()
+        self._stream.push([token])
+        raise MPIKVStoreError(reason)
 
     def _pull_dense(self, key, outs: list, priority: int) -> None:
         for i, o in enumerate(outs):
             if not isinstance(o, mx.nd.NDArray) or o.stype != "default":
                 raise MPIKVStoreError("out %d of key %r must be a dense NDArray; use "
                                       "row_sparse_pull for row_sparse weights" % (i, key))
+        self._require_init(key, "pull")
         if self._owns(key):
             if key in self._rsp_keys:
                 # Stored row_sparse on the servers (sparse gradient, dense weight): all
@@ -354,14 +402,29 @@ class HybridKVStore(MPIKVStore):
                     all_rows = self._all_rows[key] = mx.nd.arange(outs[0].shape[0],
                                                                   dtype="int64")
                 pulled = mx.nd.sparse.zeros("row_sparse", outs[0].shape, dtype=outs[0].dtype)
-                self._dist.row_sparse_pull(key, out=pulled, row_ids=all_rows,
-                                           priority=priority)
-                pulled.copyto(outs[0])
+
+                def pull_rows():
+                    self._dist.row_sparse_pull(key, out=pulled, row_ids=all_rows,
+                                               priority=priority)
+                    pulled.copyto(outs[0])
+                    outs[0].wait_to_read()   # a server error surfaces here, not later
+
+                self._server_call(key, "row_sparse_pull", pull_rows)
                 self.stats["server_row_sparse_pull"] += 1
-            else:
-                self._dist.pull(key, out=outs[0], priority=priority)
+            elif key not in self._ps_errors:
+                def pull():
+                    # a health flight around the server's answer: a stopped server,
+                    # scheduler or other group stalls here, and is reported as such
+                    desc = ("parameter-server pull of key %r (group %d; waits for the servers "
+                            "and every group's push)" % (key, self._group_id))
+                    wait = _native.server_wait(outs[0], desc, True)
+                    self._dist.pull(key, out=outs[0], priority=priority)
+                    _native.server_wait(outs[0], desc, False, wait)
+                    outs[0].wait_to_read()
+
+                self._server_call(key, "pull", pull)
                 self.stats["server_pull"] += 1
-        self._group_broadcast(key, outs[0], priority)
+        self._broadcast_or_fail(key, outs[0], priority)
         self._fan_out(outs[0], outs[1:])
 
     # ------------------------------------------------------------ sparse path
@@ -386,6 +449,7 @@ class HybridKVStore(MPIKVStore):
         """Sum row_sparse gradients over devices and the group; the owner pushes
         the sum to the server as one row_sparse array."""
         _check_key(key)
+        self._require_init(key, "push")
         if self._optimizer is None:
             # ps-lite's servers read pulled rows at their position in a stored array
             # that keeps every row: only an optimizer's (lazy) update keeps it so.
@@ -407,7 +471,8 @@ class HybridKVStore(MPIKVStore):
         if self._owns(key):
             rsp = mx.nd.sparse.row_sparse_array(
                 (block_nd, mx.nd.array(union, dtype="int64")), shape=shape, dtype=dtype)
-            self._dist.push(key, rsp, priority=priority)
+            self._server_call(key, "row_sparse push",
+                              lambda: self._dist.push(key, rsp, priority=priority))
             self.stats["server_push_row_sparse"] += 1
 
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None) -> None:
@@ -426,6 +491,7 @@ class HybridKVStore(MPIKVStore):
         ids_all = row_ids if isinstance(key, (list, tuple)) else [row_ids]
         for k, outs, ids in zip(keys, outs_all, ids_all):
             _check_key(k)
+            self._require_init(k, "row_sparse_pull")
             outs, ids_list = _as_list(outs), _as_list(ids)
             if len(ids_list) == 1:
                 ids_list = ids_list * len(outs)
@@ -433,20 +499,32 @@ class HybridKVStore(MPIKVStore):
             mine = np.unique(np.concatenate(wanted)) if wanted else np.zeros(0, np.int64)
             union = self._gather_ids(k, mine, priority)
             shape, dtype = tuple(outs[0].shape), np.dtype(outs[0].dtype)
-            block = mx.nd.zeros((union.size,) + shape[1:], dtype=dtype)
+            block_np = np.zeros((0,) + shape[1:], dtype=dtype)
             if union.size:
+                # (MXNet 1.x reads a 0 in a shape as "unknown": no empty NDArrays)
+                block = mx.nd.zeros((union.size,) + shape[1:], dtype=dtype)
                 if self._owns(k):
                     pulled = mx.nd.sparse.zeros("row_sparse", shape, dtype=dtype)
-                    self._dist.row_sparse_pull(k, out=pulled,
-                                               row_ids=mx.nd.array(union, dtype="int64"),
-                                               priority=priority)
+
+                    def pull_rows(pulled=pulled, k=k, union=union):
+                        self._dist.row_sparse_pull(k, out=pulled,
+                                                   row_ids=mx.nd.array(union, dtype="int64"),
+                                                   priority=priority)
+                        pulled.wait_to_read()
+
+                    self._server_call(k, "row_sparse_pull", pull_rows)
                     self.stats["server_row_sparse_pull"] += 1
-                    block = _rows_of(pulled, union, shape, dtype)
-                self._internal(_native.BROADCAST, block, "row_sparse rows of key %r" % (k,),
-                               root=self.owner(k))
-                self.stats["group_broadcast"] += 1
-            block_np = block.asnumpy()
+                    if k not in self._ps_errors:
+                        block = _rows_of(pulled, union, shape, dtype)
+                self._broadcast_or_fail(k, block, priority,
+                                        internal="row_sparse rows of key %r" % (k,))
+                block_np = block.asnumpy()
             for o, w in zip(outs, wanted):
+                if w.size == 0:
+                    # no row asked for: an empty row_sparse array of the right shape
+                    mx.nd.sparse.zeros("row_sparse", shape, ctx=o.context,
+                                       dtype=dtype).copyto(o)
+                    continue
                 rows = block_np[np.searchsorted(union, w)]
                 mx.nd.sparse.row_sparse_array(
                     (rows, w), shape=shape, dtype=dtype).copyto(o)
@@ -483,9 +561,15 @@ class HybridKVStore(MPIKVStore):
         return full
 
     def _server_init(self, keys: list, values: list) -> None:
-        if keys and self._dist is not None:
+        """Initialise keys on the servers once: a second init of a key (another
+        Trainer on this store) would reach a dist_sync server as a push (added
+        to the weight) and kill a dist_async server without an updater. Every
+        group runs the same program, so all groups skip the same keys."""
+        fresh = [(k, v) for k, v in zip(keys, values) if k not in self._server_keys]
+        self._server_keys.update(k for k, _ in fresh)
+        if fresh and self._dist is not None:
             # One call: ps-lite's init ends with a barrier among its workers.
-            self._dist.init(keys, values)
+            self._dist.init([k for k, _ in fresh], [v for _, v in fresh])
 
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """World rank 0's `value` into `out` on every rank; also the servers'

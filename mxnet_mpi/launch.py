@@ -40,9 +40,11 @@ from pathlib import Path
 from .hybrid import ROUTES, expected_ps_workers
 
 PREFIX = "mxnet_mpi.launch: "
-# Run a command with SIGTERM as its parent-death signal (PR_SET_PDEATHSIG survives
-# exec): if the launcher is killed outright, its children still get a signal.
-_WRAP = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15); "
+# Run a command with a parent-death signal (PR_SET_PDEATHSIG survives exec): if the
+# launcher is killed outright, its children still get a signal. mpirun gets SIGTERM,
+# which it forwards to the ranks; the scheduler and servers get SIGKILL, the one
+# signal a stopped (SIGSTOP) process cannot leave pending.
+_WRAP = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, %d); "
          "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
@@ -115,7 +117,9 @@ class Child:
     def __init__(self, name: str, cmd: list, env: dict, prefix_output: bool) -> None:
         self.name = name
         out = subprocess.PIPE if prefix_output else None
-        wrapped = [sys.executable, "-S", "-c", _WRAP, *cmd] if sys.platform == "linux" else cmd
+        death = signal.SIGTERM if name == "mpirun" else signal.SIGKILL
+        wrapped = ([sys.executable, "-S", "-c", _WRAP % death, *cmd]
+                   if sys.platform == "linux" else cmd)
         self.proc = subprocess.Popen(wrapped, env=env, stdout=out,
                                      stderr=subprocess.STDOUT if prefix_output else None,
                                      start_new_session=True)

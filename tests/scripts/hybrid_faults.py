@@ -1,0 +1,82 @@
+"""Hybrid-store error paths from MXNet's nightly kvstore tests, run under the
+launcher. `--case`:
+
+uninit_pull   pull of a key never initialised: every rank of every group gets the
+              same MPIKVStoreError (not only the ps-lite worker), and the store
+              still works afterwards.
+rsp_no_rows   row_sparse_pull where no rank of a group asks for a row.
+two_trainers  three Trainers on one store (MXNet's tests do this): no key is
+              re-initialised on the servers; training still matches.
+
+Prints `RESULT <json>` per rank.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import mxnet as mx
+from mxnet import gluon
+
+import mxnet_mpi  # noqa: F401  (registers the stores)
+
+p = argparse.ArgumentParser()
+p.add_argument("--case", required=True)
+p.add_argument("--kvstore", default="dist_sync_mpi")
+args = p.parse_args()
+
+kv = mx.kv.create(args.kvstore)
+rank, size = kv.rank, kv.num_workers
+out: dict = {"rank": rank, "group": kv.group}
+
+if args.case == "uninit_pull":
+    kv.init(3, mx.nd.ones((2, 3)))
+    t0 = time.monotonic()
+    try:
+        kv.pull(99, out=mx.nd.zeros((2, 3)))
+        out["error"] = None
+    except mxnet_mpi.MPIKVStoreError as e:
+        out["error"] = str(e).splitlines()[0]
+    out["seconds"] = time.monotonic() - t0
+    # the store stays usable: a valid pull after the caught error
+    o = mx.nd.zeros((2, 3))
+    kv.pull(3, out=o)
+    out["after"] = o.asnumpy().tolist()
+elif args.case == "rsp_no_rows":
+    shape = (6, 2)
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
+    kv.init("w", mx.nd.ones(shape).tostype("row_sparse"))
+    o = mx.nd.sparse.zeros("row_sparse", shape)
+    # group 0 asks for nothing; group 1 asks for row 2 on its rank 0 only
+    ids = [2] if (kv.group == 1 and kv.group_rank == 0) else []
+    kv.row_sparse_pull("w", out=o, row_ids=mx.nd.array(ids, dtype="int64"))
+    out["rows"] = o.indices.asnumpy().tolist()
+    out["dense"] = o.tostype("default").asnumpy().tolist()
+elif args.case == "two_trainers":
+    net = gluon.nn.Dense(2, in_units=3)
+    net.initialize(mx.init.Constant(0.5))
+    params = net.collect_params()
+    trainers = [gluon.Trainer(params, "sgd", {"learning_rate": 0.1}, kvstore=kv)
+                for _ in range(3)]
+    x = mx.nd.ones((1, 3)) * (rank + 1)
+    for tr in trainers:
+        with mx.autograd.record():
+            loss = net(x).sum()
+        loss.backward()
+        tr.step(1)
+    out["weight"] = net.weight.data().asnumpy().tolist()
+    out["bias"] = net.bias.data().asnumpy().tolist()
+elif args.case == "train_loop":
+    # pushes and pulls until killed; READY after the first step
+    kv.init(0, mx.nd.zeros((4,)))
+    g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
+    for step in range(100000):
+        kv.push(0, g)
+        kv.pull(0, out=w)
+        w.wait_to_read()
+        if step == 0:
+            print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
+        time.sleep(0.01)
+mx.nd.waitall()
+print("RESULT " + json.dumps(out), flush=True)

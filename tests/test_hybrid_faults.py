@@ -1,0 +1,157 @@
+"""Hybrid stores under faults, with real ps-lite and mpirun started by
+`python -m mxnet_mpi.launch`: parameter-server errors reach every rank of the
+group, row_sparse_pull with no rows, several Trainers on one store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+from launching import pids_of, port_of, processes_with_port, start, stop, wait_gone
+from launching import run as launch
+from mpirun import SCRIPTS
+
+SCRIPT = str(SCRIPTS / "hybrid_faults.py")
+N, GROUPS = 4, 2
+FAST = {"MXNET_MPI_STALL_WARN_S": "5", "MXNET_MPI_STALL_ABORT_S": "20"}
+
+
+def results(output: str) -> list:
+    rows = [json.loads(ln.split("RESULT ", 1)[1]) for ln in output.splitlines()
+            if "RESULT " in ln]
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def run_case(case: str, kvstore: str = "dist_sync_mpi", groups: int = GROUPS) -> list:
+    proc = launch(N, groups, 1, [sys.executable, SCRIPT, "--case", case, "--kvstore", kvstore],
+                  timeout=55, env=FAST)
+    rows = results(proc.stdout)
+    assert len(rows) == N, proc.stdout[-4000:]
+    return rows
+
+
+def test_uninitialised_pull_fails_on_every_rank():
+    rows = run_case("uninit_pull")
+    errors = {r["error"] for r in rows}
+    assert len(errors) == 1, rows            # the same error on every rank
+    msg = errors.pop()
+    assert msg is not None and "pull of key 99" in msg and "never initialised" in msg, msg
+    for r in rows:
+        assert r["seconds"] < 10, r
+        assert r["after"] == [[1.0] * 3] * 2, r   # the store still works
+
+
+def test_row_sparse_pull_with_no_rows_in_a_group():
+    rows = run_case("rsp_no_rows")
+    for r in rows:
+        dense = np.array(r["dense"])
+        if r["group"] == 1 and r["rank"] % 2 == 0:
+            assert r["rows"] == [2]
+            np.testing.assert_array_equal(dense[2], [1.0, 1.0])
+            dense[2] = 0
+        else:
+            assert r["rows"] == [], r
+        assert not dense.any(), r
+
+
+@pytest.mark.parametrize("kvstore,groups", [("dist_sync_mpi", 1), ("dist_sync_mpi", 2),
+                                            ("dist_async_mpi", 2)])
+def test_several_trainers_do_not_reinit_the_servers(kvstore, groups):
+    rows = run_case("two_trainers", kvstore, groups)
+    if kvstore.startswith("dist_sync"):
+        # 3 steps of SGD(0.1) on sum over ranks of d(sum(W x + b)): grad W = sum(rank+1)
+        # per column, grad b = N; from W = 0.5, b = 0, untouched by re-inits.
+        s = sum(range(1, N + 1))
+        want_w = np.full((2, 3), 0.5 - 3 * 0.1 * s)
+        want_b = np.full(2, 0.0 - 3 * 0.1 * N)   # Dense: bias_initializer="zeros"
+        for r in rows:
+            np.testing.assert_allclose(r["weight"], want_w, rtol=1e-5)
+            np.testing.assert_allclose(r["bias"], want_b, rtol=1e-5)
+    else:
+        w0 = rows[0]["weight"]
+        assert all(np.isfinite(np.array(r["weight"])).all() for r in rows)
+        assert all(r["weight"] == w0 for r in rows if r["group"] == rows[0]["group"])
+
+
+def _kill_left(port: int) -> list:
+    """SIGCONT + SIGKILL whatever the job left behind (by PID); returns it."""
+    left = processes_with_port(port)
+    for pid, _ in left:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    return left
+
+
+def test_stopped_server_does_not_outlive_a_killed_launcher():
+    """Server stopped with SIGSTOP, then the launcher killed outright (SIGKILL:
+    no teardown): the parent-death signal still removes every process."""
+    proc = start(2, 1, 1, [sys.executable, str(SCRIPTS / "launch_probe.py"), "--mode", "sleep"])
+    lines: list = []
+    port = None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("READY" in ln for ln in lines) == 2:
+                break
+        out = "".join(lines)
+        port, pids = port_of(out), pids_of(out)
+        os.kill(pids["server0"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        proc.kill()
+        proc.wait(timeout=10)
+        left = wait_gone(port, timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        stop(proc)
+        if port is not None:
+            leftovers = _kill_left(port)
+    assert left == [] and leftovers == [], left
+    assert took < 20, took
+
+
+@pytest.mark.parametrize("victim", ["server0", "rank1"])
+def test_stopped_server_is_named_and_aborts(victim):
+    """A server stopped with SIGSTOP while 2 groups train (a stopped scheduler is
+    off the data path: training goes on until the exit barrier):
+    the waiting ranks warn about a parameter-server request, the job aborts at
+    MXNET_MPI_STALL_ABORT_S and nothing is left behind."""
+    env = {"MXNET_MPI_STALL_WARN_S": "3", "MXNET_MPI_STALL_ABORT_S": "8"}
+    proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", "train_loop"], env=env)
+    lines: list = []
+    port = None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("READY" in ln for ln in lines) == N:
+                break
+        port, pids = port_of("".join(lines)), pids_of("".join(lines))
+        ready = {int(m.group(1)): int(m.group(2)) for m in
+                 (re.search(r"READY rank (\d+) pid (\d+)", ln) for ln in lines) if m}
+        os.kill(ready[1] if victim == "rank1" else pids[victim], signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=45)
+        took = time.monotonic() - t0
+    finally:
+        stop(proc)
+        leftovers = _kill_left(port) if port is not None else []
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out[-3000:]
+    # group 1 waits on the servers for group 0's push; with a stopped rank 1,
+    # its group peer rank 0 names it
+    assert "stall warning: 'parameter-server pull of key 0" in out, out[-3000:]
+    assert "servers or the scheduler do not answer" in out, out[-3000:]
+    if victim == "rank1":
+        assert "Missing ranks: 1 (not answering" in out, out[-3000:]
+    assert "MXNET_MPI_STALL_ABORT_S=8" in out, out[-3000:]
+    assert took < 30, took
+    assert leftovers == [], leftovers
+    print("time to abort after SIGSTOP of %s: %.1f s" % (victim, took))
