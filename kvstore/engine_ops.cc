@@ -46,6 +46,9 @@ struct OpParam {
   bool ran = false;
   bool sync = false;
   std::shared_ptr<std::string> relay;     // chained: the error, reported by the relay op
+  // A synchronous engine (NaiveEngine) drops errors given to the completion
+  // callback: the push itself reports them (see PushCalls).
+  std::shared_ptr<std::string> sync_error;
 };
 
 void SubmitToken(const std::shared_ptr<Store>& store, Lane* lane, Request r) {
@@ -99,7 +102,9 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   std::shared_ptr<std::promise<void>> done;
   if (param.sync) done = std::make_shared<std::promise<void>>();
   auto relay = param.relay;
-  r.done = [cb, relay, done](const std::string& err) {
+  auto sync_error = param.sync_error;
+  r.done = [cb, relay, done, sync_error](const std::string& err) {
+    if (sync_error) *sync_error = err;
     if (relay) {
       *relay = err;  // the relay op, next on the same arrays, raises it
       cb();
@@ -323,6 +328,7 @@ std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls
     param->store = store;
     param->lane = lane;
     param->sync = sync;
+    if (sync) param->sync_error = std::make_shared<std::string>();
     if (chained) param->relay = std::make_shared<std::string>();
     std::string copy_err;
     for (int k = 0; k < c.nparts && copy_err.empty(); ++k) {
@@ -356,6 +362,7 @@ std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls
     }
     param->ran = false;
     const std::shared_ptr<std::string> relay_error = param->relay;  // param may be gone below
+    const std::shared_ptr<std::string> sync_error = param->sync_error;
     std::vector<NDArrayHandle> writes = plan.writes;
     if (chain) writes.push_back(chain);
     const std::vector<NDArrayHandle> reads = plan.reads;
@@ -364,6 +371,10 @@ std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls
                                        static_cast<int>(reads.size()), writes.data(),
                                        static_cast<int>(writes.size()), &prop, c.priority,
                                        nullptr, false);
+    if (rc == 0 && sync_error && !sync_error->empty() && first.empty()) {
+      first = *sync_error;   // it ran inside the push: report its error here
+      *failed = i;
+    }
     if (rc != 0) {
       // The op was not queued (its param was deleted, as a skip): say why.
       if (first.empty()) {

@@ -88,3 +88,15 @@ def test_failing_rank_brings_the_job_down(scenario):
 def test_control_scenario_passes():
     proc, _ = fail("ok", "chained")
     assert proc.returncode == 0 and proc.stdout.count("finished ok") == 2
+
+
+@pytest.mark.parametrize("mode", ["chained", "concurrent"])
+def test_mismatch_is_an_error_under_naive_engine(mode):
+    """MXNet's synchronous NaiveEngine drops errors given to an op's completion
+    callback: the collective's error must come from the push itself, on every
+    rank, never leave the arrays silently unsummed."""
+    proc = run_mpi("faults.py", 2, "shape", mode, env={**FAST, "MXNET_ENGINE_TYPE": "NaiveEngine"},
+                   timeout=60, check=False)
+    assert proc.returncode != 0
+    assert "ranks disagree on a collective" in proc.stderr, proc.stderr[-3000:]
+    assert "rank 0 finished" not in proc.stdout
