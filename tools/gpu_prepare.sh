@@ -4,8 +4,12 @@
 # no network, at most 64 MiB carried per call). Writes into OUTDIR (default
 # .gpu/, ignored by git):
 #   wheels/   mxnet-cu117==1.9.1 and the rest of requirements.txt for CPython 3.11
+#             (+ setuptools, and the CUDA 11.7 runtime from nvidia-cuda-runtime-cu11)
 #   debs/     Debian's python3.11 runtime (the GPU machine's own Python is 3.12,
 #             which numpy 1.23.5 and so MXNet 1.9.1 cannot use)
+#   stubs/    stand-ins for the other CUDA 11 libraries libmxnet.so loads
+#             (tools/cuda_stubs.py: 1.8 GB of wheels otherwise, and no kernel of
+#             theirs has Hopper code): setup succeeds, computation fails loudly
 #   parts/    all of it as one tar split into 60 MB parts: carry one part per
 #             call into a warm machine, join them there (see README "GPU check")
 # Usage: tools/gpu_prepare.sh [--dry-run] [OUTDIR]
@@ -17,23 +21,31 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"
 run() { echo "+ $*"; if [[ $DRY == 0 ]]; then "$@"; fi; }
 
-mkdir -p "$OUT/wheels" "$OUT/debs" "$OUT/parts"   # also in a dry run: the plan is written there
+mkdir -p "$OUT/wheels" "$OUT/debs" "$OUT/parts" "$OUT/stubs"   # also in a dry run: the plan is written there
 # The CPU mxnet wheel is replaced by the CUDA 11.7 build (CUDA linked in, 509 MB).
 grep -v '^mxnet==' "$ROOT/requirements.txt" | grep -v '^#' | grep -v '^ruff\|^hypothesis' \
     > "$OUT/requirements-gpu.txt" || true
-echo "mxnet-cu117==1.9.1" >> "$OUT/requirements-gpu.txt"
+printf 'mxnet-cu117==1.9.1\nnvidia-cuda-runtime-cu11==11.7.99\nsetuptools==69.5.1\n' \
+    >> "$OUT/requirements-gpu.txt"
 run "$PY" -m pip download --only-binary=:all: --python-version 3.11 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 -d "$OUT/wheels" -r "$OUT/requirements-gpu.txt"
 # Python 3.11 itself, unpacked there with dpkg -x (no root filesystem changes).
 (cd "$OUT/debs" && run apt-get download python3.11 python3.11-minimal libpython3.11 \
-    libpython3.11-minimal libpython3.11-stdlib python3.11-venv libmpdec3 libexpat1 \
+    libpython3.11-minimal libpython3.11-stdlib libexpat1 libdb5.3 libnsl2 libtirpc3 \
     libffi8 libssl3 zlib1g libbz2-1.0 liblzma5 libsqlite3-0 libncursesw6 libtinfo6 \
     libreadline8 libuuid1 libgomp1 libquadmath0 libgfortran5)
+# Stubs for the CUDA 11 libraries other than the runtime (see tools/cuda_stubs.py).
+if [[ $DRY == 0 ]]; then
+    unzip -o -q "$OUT"/wheels/mxnet_cu117-*.whl mxnet/libmxnet.so -d "$OUT/tmp"
+    "$PY" "$ROOT/tools/cuda_stubs.py" "$OUT/tmp/mxnet/libmxnet.so" "$OUT/stubs"
+    rm -rf "$OUT/tmp"
+fi
 # The native library built here (against the same MXNet headers), in case the
 # GPU machine has no C++ compiler.
 run cp "$ROOT"/mxnet_mpi/_libmxnet_mpi*.so "$OUT/wheels/"
-run tar -C "$OUT" -cf "$OUT/stack.tar" wheels debs requirements-gpu.txt
+run rm -f "$OUT"/parts/stack.tar.part-*
+run tar -C "$OUT" -cf "$OUT/stack.tar" wheels debs stubs requirements-gpu.txt
 run split -b 60M -d "$OUT/stack.tar" "$OUT/parts/stack.tar.part-"
 run rm -f "$OUT/stack.tar"
 if [[ $DRY == 0 ]]; then
