@@ -33,7 +33,7 @@ $(VENV)/.deps: requirements.txt
 	touch $@
 
 lint: build
-	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks setup.py
+	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks tools setup.py
 
 clean:
 	rm -rf build *.egg-info mxnet_mpi/*.so $(VENV)/.built

@@ -94,8 +94,8 @@ def kernels_run() -> str:
                        timeout=600)
     if "SUM 262144" in p.stdout:
         return "ok"
-    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if "rror" in ln]
-    return (lines[0] if lines else "exit %d" % p.returncode).strip()[:300]
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if "ErrStr" in ln or "rror:" in ln]
+    return (lines[-1] if lines else "exit %d" % p.returncode).strip()[:300]
 
 
 def images_per_s(np_: int, steps: int) -> float:
@@ -140,7 +140,8 @@ def main() -> None:
     chunked = run_workers(out, 4 << 20, args)
     whole = run_workers(out, ONE_CHUNK, args)
     rows = []
-    print("2 ranks sharing GPU 0, default mode, median ms per pushpull")
+    print("2 ranks sharing GPU 0, mode %s, median ms per pushpull"
+          % os.environ.get("MXNET_MPI_MODE", "default"))
     print("%10s %9s %14s %14s %12s %9s" % ("bytes", "host", "gpu 4MiB-chunks", "gpu 1 chunk",
                                             "copies only", "gpu/host"))
     for nbytes in SIZES:
