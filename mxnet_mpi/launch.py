@@ -164,6 +164,7 @@ def teardown(children: list, grace: float) -> None:
     for c in children:
         if c.poll() is None:
             c.signal(signal.SIGTERM)   # mpirun forwards it to the ranks
+            c.signal(signal.SIGCONT)   # a stopped process acts on it now, not after `grace`
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(c.poll() is None for c in children):
         time.sleep(0.1)
