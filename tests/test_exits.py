@@ -29,7 +29,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
+@pytest.mark.parametrize("mode", ["chained", "concurrent"])   # blocking and non-blocking MPI
 def test_stopped_rank_is_named_then_the_job_aborts(mode):
     cmd = [MPIRUN, "-np", "2", "--oversubscribe", sys.executable, str(SCRIPTS / "exits.py"),
            "stopped", mode]

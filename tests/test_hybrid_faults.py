@@ -60,8 +60,7 @@ def test_row_sparse_pull_with_no_rows_in_a_group():
         assert not dense.any(), r
 
 
-@pytest.mark.parametrize("kvstore,groups", [("dist_sync_mpi", 1), ("dist_sync_mpi", 2),
-                                            ("dist_async_mpi", 2)])
+@pytest.mark.parametrize("kvstore,groups", [("dist_sync_mpi", 2), ("dist_async_mpi", 2)])
 def test_several_trainers_do_not_reinit_the_servers(kvstore, groups):
     rows = run_case("two_trainers", kvstore, groups)
     if kvstore.startswith("dist_sync"):

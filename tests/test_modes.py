@@ -6,8 +6,7 @@ from mpirun import run_mpi
 MODES = ["chained", "funneled", "concurrent"]
 
 
-@pytest.mark.parametrize("modes,nranks", [("chained,chained", 2), ("funneled,funneled", 3),
-                                          ("concurrent,concurrent", 2),
+@pytest.mark.parametrize("modes,nranks", [("concurrent,concurrent", 2),
                                           ("chained,funneled,concurrent", 3)])
 def test_stores_alive_at_once_do_not_mix(modes, nranks):
     proc = run_mpi("two_stores.py", nranks, modes, timeout=180)
@@ -34,7 +33,7 @@ def test_mode_by_name_and_default():
         assert "unknown kvstore" in ln and "mpi_chained, mpi_concurrent, mpi_funneled" in ln
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["funneled"])   # not the default; the others: test_gluon
 def test_mode_from_environment(mode):
     proc = run_mpi("mode_select.py", 2, env={"MXNET_MPI_MODE": mode})
     assert lines(proc, "MPI_TYPE") == [["mpi_" + mode, mode]] * 2
