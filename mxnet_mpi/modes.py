@@ -32,7 +32,7 @@ from .world import THREAD_MULTIPLE, Communicator, thread_level
 
 MODES = ("chained", "funneled", "concurrent")
 # Measured best by benchmarks/overhead.py and benchmarks/overlap.py (README).
-DEFAULT_MODE = "concurrent"
+DEFAULT_MODE = "funneled"
 FALLBACK_MODE = "chained"
 ENV_VAR = "MXNET_MPI_MODE"
 

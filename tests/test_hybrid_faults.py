@@ -123,7 +123,7 @@ def test_stopped_server_is_named_and_aborts(victim):
     off the data path: training goes on until the exit barrier):
     the waiting ranks warn about a parameter-server request, the job aborts at
     MXNET_MPI_STALL_ABORT_S and nothing is left behind."""
-    env = {"MXNET_MPI_STALL_WARN_S": "3", "MXNET_MPI_STALL_ABORT_S": "8"}
+    env = {"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "5"}
     proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", "train_loop"], env=env)
     lines: list = []
     port = None
@@ -150,7 +150,7 @@ def test_stopped_server_is_named_and_aborts(victim):
     assert "servers or the scheduler do not answer" in out, out[-3000:]
     if victim == "rank1":
         assert "Missing ranks: 1 (not answering" in out, out[-3000:]
-    assert "MXNET_MPI_STALL_ABORT_S=8" in out, out[-3000:]
+    assert "MXNET_MPI_STALL_ABORT_S=5" in out, out[-3000:]
     assert took < 30, took
     assert leftovers == [], leftovers
     print("time to abort after SIGSTOP of %s: %.1f s" % (victim, took))

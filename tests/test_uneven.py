@@ -36,7 +36,7 @@ def test_finished_rank_is_named_at_once_without_join(mode):
     assert took < 45, took  # not the 60 s stall warning, nor the 600 s abort
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["funneled"])   # join per mode: the test above
 def test_module_fit_with_uneven_shards_finishes_in_sync(mode):
     """MXNet's fit.py case: shards of 2, 5, 8 batches. Module.fit with our store
     joins at each epoch end by itself: exit 0 and identical weights."""
