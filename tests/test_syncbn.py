@@ -3,6 +3,7 @@ gluon.nn.BatchNorm in one process on the global batch: outputs, input
 gradients, gamma/beta gradients (summed over ranks), running statistics and
 inference outputs."""
 
+import re
 import subprocess
 import sys
 
@@ -34,3 +35,14 @@ def test_hybridize_is_refused():
     bn = mxnet_mpi.SyncBatchNorm(in_channels=2)
     with pytest.raises(mxnet_mpi.MPIKVStoreError, match="cannot be hybridized"):
         bn.hybridize()
+
+
+def test_layers_train_for_steps_without_a_sync_point():
+    """Four SyncBatchNorm layers, 20 steps with nothing waiting in the loop (the
+    backward callbacks of a step may run after the next step was pushed): no
+    hang, finite weights, identical on every rank."""
+    proc = run_mpi("syncbn_loop.py", 3, "20", timeout=120,
+                   env={"MXNET_MPI_STALL_WARN_S": "5", "MXNET_MPI_STALL_ABORT_S": "30"})
+    sums = re.findall(r"SYNCBN_LOOP \d (\S+)", proc.stdout)
+    assert len(sums) == 3 and len(set(sums)) == 1, proc.stdout
+    assert np.isfinite(float(sums[0])), sums
