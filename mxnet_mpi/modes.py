@@ -31,7 +31,7 @@ from .settings import env_number
 from .world import THREAD_MULTIPLE, Communicator, thread_level
 
 MODES = ("chained", "funneled", "concurrent")
-# Measured best by benchmarks/overhead.py and benchmarks/overlap.py (README).
+# Chosen from benchmarks/overlap.py, overhead.py and cluster.py (README "Modes").
 DEFAULT_MODE = "funneled"
 FALLBACK_MODE = "chained"
 ENV_VAR = "MXNET_MPI_MODE"

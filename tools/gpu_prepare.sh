@@ -22,7 +22,8 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 run() { echo "+ $*"; if [[ $DRY == 0 ]]; then "$@"; fi; }
 
 mkdir -p "$OUT/wheels" "$OUT/debs" "$OUT/parts" "$OUT/stubs"   # also in a dry run: the plan is written there
-# The CPU mxnet wheel is replaced by the CUDA 11.7 build (CUDA linked in, 509 MB).
+# The CPU mxnet wheel is replaced by the CUDA 11.7 build (509 MB; it loads the CUDA 11
+# libraries dynamically: the runtime is carried, the others are stubbed below).
 grep -v '^mxnet==' "$ROOT/requirements.txt" | grep -v '^#' | grep -v '^ruff\|^hypothesis' \
     > "$OUT/requirements-gpu.txt" || true
 printf 'mxnet-cu117==1.9.1\nnvidia-cuda-runtime-cu11==11.7.99\nsetuptools==69.5.1\n' \
