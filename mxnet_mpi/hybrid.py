@@ -229,7 +229,17 @@ class HybridKVStore(MPIKVStore):
         and free the MPI side. Called at the end of the program; idempotent."""
         if self._dist is not None:
             mx.nd.waitall()
-            self._dist = None   # the native store's destructor runs ps::Finalize
+            # ps::Finalize (run by the native store's destructor) is a barrier with
+            # the scheduler and every group: a health flight around it, so a stopped
+            # scheduler or group is named by the stall warning and aborts the job
+            marker = mx.nd.zeros((1,))
+            desc = ("parameter-server exit barrier (group %d; waits for the scheduler "
+                    "and every group)" % self._group_id)
+            wait = _native.server_wait(marker, desc, True)
+            mx.nd.waitall()     # the flight has begun before the barrier blocks
+            self._dist = None
+            _native.server_wait(marker, desc, False, wait)
+            mx.nd.waitall()
         _open_stores.discard(self)
         if not self._closed:
             self._world_stream.close()

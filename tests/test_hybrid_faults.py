@@ -90,6 +90,37 @@ def _kill_left(port: int) -> list:
     return left
 
 
+def test_stopped_scheduler_is_named_at_the_exit_barrier():
+    """The scheduler stopped with SIGSTOP: training goes on (it is off the data
+    path), then ps-lite's exit barrier needs it: the ranks warn about that
+    barrier, the job aborts at MXNET_MPI_STALL_ABORT_S, nothing is left behind."""
+    env = {"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "5"}
+    proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", "train_steps"], env=env)
+    lines: list = []
+    port = None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("READY" in ln for ln in lines) == N:
+                break
+        port, pids = port_of("".join(lines)), pids_of("".join(lines))
+        os.kill(pids["scheduler"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=45)
+        took = time.monotonic() - t0
+    finally:
+        stop(proc)
+        leftovers = _kill_left(port) if port is not None else []
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out[-3000:]
+    assert out.count("RESULT ") == N, out[-3000:]        # training itself finished
+    assert "stall warning: 'parameter-server exit barrier" in out, out[-3000:]
+    assert "MXNET_MPI_STALL_ABORT_S=5" in out, out[-3000:]
+    assert took < 30, took
+    assert leftovers == [], leftovers
+    print("time to abort after SIGSTOP of the scheduler: %.1f s" % took)
+
+
 def test_stopped_server_does_not_outlive_a_killed_launcher():
     """Server stopped with SIGSTOP, then the launcher killed outright (SIGKILL:
     no teardown): the parent-death signal still removes every process."""

@@ -7,6 +7,9 @@ uninit_pull   pull of a key never initialised: every rank of every group gets th
 rsp_no_rows   row_sparse_pull where no rank of a group asks for a row.
 two_trainers  three Trainers on one store (MXNet's tests do this): no key is
               re-initialised on the servers; training still matches.
+train_steps   5 steps, READY after the first, then 3 s of other work before the
+              program ends (time for the test to stop the scheduler).
+train_loop    pushes and pulls until killed; READY after the first step.
 
 Prints `RESULT <json>` per rank.
 """
@@ -67,6 +70,17 @@ elif args.case == "two_trainers":
         tr.step(1)
     out["weight"] = net.weight.data().asnumpy().tolist()
     out["bias"] = net.bias.data().asnumpy().tolist()
+elif args.case == "train_steps":
+    kv.init(0, mx.nd.zeros((4,)))
+    g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
+    for step in range(5):
+        kv.push(0, g)
+        kv.pull(0, out=w)
+        w.wait_to_read()
+        if step == 0:
+            print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
+    time.sleep(3)
+    out["w"] = w.asnumpy().tolist()
 elif args.case == "train_loop":
     # pushes and pulls until killed; READY after the first step
     kv.init(0, mx.nd.zeros((4,)))
