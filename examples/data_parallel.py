@@ -287,6 +287,9 @@ def add_train_args(ap, *, batch: int, lr: float, lr_batch: int, epochs: int,
     ap.add_argument("--label-smoothing", type=float, default=0.0, help="e.g. 0.1")
     ap.add_argument("--no-val", action="store_true")
     ap.add_argument("--no-hybridize", action="store_true")
+    ap.add_argument("--syncbn", action="store_true",
+                    help="BatchNorm over the global batch (mxnet_mpi.SyncBatchNorm; models "
+                         "taking gluoncv's norm_layer, e.g. resnet*_v1b; runs imperatively)")
     ap.add_argument("--save-dir", help="rank 0 writes <model>-<epoch>.params/.states here")
     ap.add_argument("--save-every", type=int, default=1, help="epochs between checkpoints")
     ap.add_argument("--timing-skip", type=int, default=2,
@@ -301,7 +304,20 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
     from gluoncv.model_zoo import get_model
 
     mx.random.seed(args.seed + dist.rank)  # different per rank: rank 0's weights must win
-    net = get_model(model, classes=classes, pretrained=False)
+    kwargs = {}
+    if getattr(args, "syncbn", False):
+        if dist.kvstore.lower() not in OUR_STORES + ("dist_sync_mpi",):
+            raise SystemExit("--syncbn needs an MPI store (--kvstore mpi, mpi_<mode> or "
+                             "dist_sync_mpi), got %r" % dist.kvstore)
+        import mxnet_mpi
+        kwargs["norm_layer"] = mxnet_mpi.SyncBatchNorm
+    try:
+        net = get_model(model, classes=classes, pretrained=False, **kwargs)
+    except TypeError as exc:
+        if kwargs:
+            raise SystemExit("--syncbn: model %r takes no norm_layer (%s); use a model that "
+                             "does, e.g. resnet50_v1b" % (model, exc)) from None
+        raise
     net.initialize(mx.init.MSRAPrelu(), ctx=dist.contexts)
     # Shapes of deferred-init parameters are known after one forward. Run it in
     # training mode: an inference forward lets oneDNN reorder conv weights in
@@ -313,7 +329,7 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
         for name, p in net.collect_params().items():
             if name.endswith(("_beta", "_gamma", "_bias")):
                 p.wd_mult = 0.0
-    if not args.no_hybridize:
+    if not args.no_hybridize and not getattr(args, "syncbn", False):
         net.hybridize(static_alloc=True, static_shape=True)
     if dist.kvstore.startswith("dist"):
         dist.broadcast_params(net)

@@ -118,6 +118,22 @@ def test_imagenet_synthetic_funneled_matches_dist_sync(tmp_path):
     assert theirs == ours
 
 
+def test_imagenet_syncbn_trains_in_sync(tmp_path):
+    """--syncbn: resnet18_v1b with mxnet_mpi.SyncBatchNorm (statistics over both
+    ranks' batches; equality with BatchNorm on the global batch is
+    tests/test_syncbn.py's): ranks in sync, finite loss, validation runs."""
+    syncbn = [a if a != "resnet18_v1" else "resnet18_v1b" for a in SYNTH]
+    proc = run_mpi(IMAGENET, 2, *syncbn, "--kvstore", "mpi", "--syncbn", timeout=240)
+    assert_in_sync(proc.stdout, 2)
+    res = result(proc.stdout)
+    assert res["model"] == "resnet18_v1b" and res["steps"] == 3
+    assert np.isfinite(res["epochs"][0]["train_loss_rank0"])
+    assert res["epochs"][0]["val_images"] == 10
+    bad = run_mpi(IMAGENET, 2, *SYNTH, "--kvstore", "device", "--syncbn", timeout=120,
+                  check=False)
+    assert bad.returncode != 0 and "--syncbn needs an MPI store" in bad.stdout + bad.stderr
+
+
 def test_imagenet_ranks_diverge_without_communication():
     """Control: with kvstore 'device' each rank trains alone and the checksums
     differ, so the equality checks above are not vacuous."""

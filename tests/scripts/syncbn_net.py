@@ -1,0 +1,75 @@
+"""A small residual convnet with five mxnet_mpi.SyncBatchNorm layers (oneDNN
+convolutions between them) against the same net with gluon.nn.BatchNorm in one
+process on the global batch: every parameter's gradient of the first step
+(summed over ranks) and the weights after a few SGD steps.
+
+  mpirun -np N python syncbn_net.py OUT_DIR      rank r: batch of 2 + 2 r images
+  python syncbn_net.py OUT_DIR --reference N    one process, BatchNorm, global batch
+"""
+
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import mxnet_mpi
+
+out_dir = sys.argv[1]
+ref = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--reference" else 0
+STEPS = 3
+Norm = gluon.nn.BatchNorm if ref else mxnet_mpi.SyncBatchNorm
+
+
+class Residual(gluon.Block):
+    def __init__(self, c: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.body = gluon.nn.Sequential()
+            self.body.add(gluon.nn.Conv2D(c, 3, padding=1, in_channels=c), Norm(in_channels=c),
+                          gluon.nn.Activation("relu"),
+                          gluon.nn.Conv2D(c, 3, padding=1, in_channels=c), Norm(in_channels=c))
+
+    def forward(self, x):
+        return mx.nd.relu(self.body(x) + x)
+
+
+net = gluon.nn.Sequential()
+net.add(gluon.nn.Conv2D(8, 3, padding=1, in_channels=3), Norm(in_channels=8),
+        gluon.nn.Activation("relu"), Residual(8),
+        gluon.nn.Conv2D(16, 3, strides=2, padding=1, in_channels=8), Norm(in_channels=16),
+        gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(5, in_units=16))
+mx.random.seed(7)
+net.initialize(mx.init.Xavier())
+params = net._collect_params_with_prefix()
+
+
+def batch(step: int, r: int):
+    rng = np.random.RandomState(100 * step + r)
+    return (rng.rand(2 + 2 * r, 3, 8, 8).astype(np.float32) * 2 + r,
+            rng.randint(0, 5, 2 + 2 * r).astype(np.float32))
+
+
+size = ref or mxnet_mpi.size()
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01},
+                        kvstore=None if ref else "mpi")
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+result = {}
+for step in range(STEPS):
+    if ref:
+        parts = [batch(step, r) for r in range(ref)]
+        x, y = (mx.nd.array(np.concatenate([p[i] for p in parts])) for i in (0, 1))
+    else:
+        x, y = (mx.nd.array(a) for a in batch(step, mxnet_mpi.rank()))
+    with autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    trainer.step(sum(2 + 2 * r for r in range(size)))
+    if step == 0:   # after the Trainer's allreduce: gradients summed over ranks
+        result.update({"grad " + k: p.grad().asnumpy() for k, p in params.items()
+                       if p.grad_req != "null"})
+result.update({"weight " + k: p.data().asnumpy() for k, p in params.items()})
+os.makedirs(out_dir, exist_ok=True)
+np.savez(os.path.join(out_dir, "ref.npz" if ref else "rank%d.npz" % mxnet_mpi.rank()), **result)
+print("done", flush=True)
