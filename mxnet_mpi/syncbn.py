@@ -3,19 +3,20 @@
 ``mxnet_mpi.SyncBatchNorm`` is a drop-in for ``gluon.nn.BatchNorm`` (and
 ``gluon.contrib.nn.SyncBatchNorm``, whose statistics only cover the devices
 of one process): in training, the batch mean and variance of each channel
-come from sums over the batches of **every rank** (sum x, sum x², count,
-allreduced by one engine-embedded collective per layer in forward), and the
+come from the batches of **every rank** (per-channel sums allreduced by one
+engine-embedded collective per layer in forward), and the
 backward pass allreduces the two per-channel sums the input gradient needs.
 gamma's and beta's gradients stay per rank: the Trainer's allreduce sums them.
 Ranks may have different batch sizes. Outside training it uses the running
 statistics, like BatchNorm.
 
-Tested against ``gluon.nn.BatchNorm`` on the global batch (tests/test_syncbn.py):
-one layer (outputs, gradients, running statistics), and a residual convnet of
-five layers (every gradient, and the weights after 3 steps). The variance is
-E[x²] - mean² over the global batch, in the arrays' dtype: for float32 inputs
-whose mean is large against their spread, it is less accurate than BatchNorm's
-two-pass variance.
+Each rank sends its count, n·mean and centred sum of squares + n·mean²
+(two local passes, as BatchNorm's variance), in float64, so that the global
+variance keeps BatchNorm's accuracy when a channel's mean is large against its
+spread. Tested against ``gluon.nn.BatchNorm`` on the global batch
+(tests/test_syncbn.py): one layer (outputs, gradients, running statistics,
+also with inputs of mean 1000 and spread 1), and a residual convnet of five
+layers (every gradient, and the weights after 3 steps).
 
 Forward collectives share one communicator; each layer's backward ones have
 their own (created at its first training forward; two threads each), so the
@@ -80,12 +81,22 @@ class _SyncBNFunction(autograd.Function):
     def forward(self, x, gamma, beta):
         axes, shape = self._axes(x), self._shape(x)
         c = x.shape[self._axis]
-        count = mx.nd.full((1,), x.size // c, dtype=x.dtype, ctx=x.context)
-        stats = mx.nd.concat(x.sum(axis=axes), (x * x).sum(axis=axes), count, dim=0)
+        n = x.size // c
+        # Each rank's mean and centred sum of squares (two passes, as BatchNorm
+        # does), combined over ranks in float64: sum x = sum n_r m_r and
+        # sum x² = sum (M2_r + n_r m_r²), so E[x²] - mean² cancels only in float64.
+        local_mean = x.mean(axis=axes)
+        centred = x - local_mean.reshape(shape)
+        m2 = (centred * centred).sum(axis=axes).astype("float64")
+        m64 = local_mean.astype("float64")
+        count = mx.nd.full((1,), n, dtype="float64", ctx=x.context)
+        stats = mx.nd.concat(m64 * n, m2 + m64 * m64 * n, count, dim=0)
         ops.allreduce_(stats, name="%s forward statistics" % self._name, store=_forward())
-        total = stats[2 * c:2 * c + 1]
-        mean = stats[:c] / total
-        var = mx.nd.relu(stats[c:2 * c] / total - mean * mean)   # rounding can dip below 0
+        total64 = stats[2 * c:2 * c + 1]
+        mean64 = stats[:c] / total64
+        var64 = mx.nd.relu(stats[c:2 * c] / total64 - mean64 * mean64)  # rounding: >= 0
+        mean, var = mean64.astype(x.dtype), var64.astype(x.dtype)
+        total = total64.astype(x.dtype)
         inv_std = 1.0 / mx.nd.sqrt(var + self._eps)
         xhat = (x - mean.reshape(shape)) * inv_std.reshape(shape)
         y = xhat * gamma.reshape(shape) + beta.reshape(shape)

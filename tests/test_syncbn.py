@@ -12,20 +12,30 @@ import pytest
 from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_):
-    run_mpi("syncbn_run.py", np_, str(tmp_path), timeout=120)
+@pytest.mark.parametrize("np_,offset", [(2, 0), (3, 0), (2, 1000)])
+def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_, offset):
+    """offset 1000: inputs of mean ~1000 and spread ~1, where E[x²] - mean² in
+    float32 would lose the variance to rounding."""
+    extra = ["--offset", str(offset)]
+    run_mpi("syncbn_run.py", np_, str(tmp_path), *extra, timeout=120)
     subprocess.run([sys.executable, str(SCRIPTS / "syncbn_run.py"), str(tmp_path), "--reference",
-                    str(np_)], check=True, env=mpi_env(), cwd=str(ROOT), timeout=120,
+                    str(np_), *extra], check=True, env=mpi_env(), cwd=str(ROOT), timeout=120,
                    capture_output=True)
     ranks = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(np_)]
     ref = dict(np.load(tmp_path / "ref.npz"))
+    # Inputs near 1000 are rounded to 6e-5 in float32, so BatchNorm's own results
+    # are less precise there. Measured at offset 1000: the float64 combination
+    # is within 1.3e-4 (y), 1.6e-3 (inference), 1.1e-4 relative (dgamma); the
+    # float32 E[x²] - mean² it replaced was off by 0.039, 2.9 and 1.7e-2.
+    atol = {"y": 2e-6, "dx": 2e-6, "inference": 2e-6} if offset == 0 else \
+        {"y": 1e-3, "dx": 1e-3, "inference": 5e-3}
+    rtol = 1e-5 if offset == 0 else 1e-3
     for k in ("y", "dx", "inference"):   # per-sample: the ranks' slices, in rank order
         np.testing.assert_allclose(np.concatenate([r[k] for r in ranks]), ref[k], rtol=1e-5,
-                                   atol=2e-6, err_msg=k)
+                                   atol=atol[k], err_msg=k)
     for k in ("dgamma", "dbeta", "running_mean", "running_var"):
         for r in ranks:
-            np.testing.assert_allclose(r[k], ref[k], rtol=1e-5, atol=1e-5, err_msg=k)
+            np.testing.assert_allclose(r[k], ref[k], rtol=rtol, atol=1e-5, err_msg=k)
     # the statistics really are global: a rank's own batch would give other outputs
     assert np.abs(ranks[0]["running_mean"] - ranks[-1]["running_mean"]).max() == 0
 

@@ -2,12 +2,13 @@
 
   mpirun -np N python syncbn_run.py OUT_DIR        rank r: batch of 2 + 2 r images
   python syncbn_run.py OUT_DIR --reference N      one process, BatchNorm, global batch
+  --offset K: inputs of mean about K (spread about 1 + r)
 Saves outputs, input gradients, gamma/beta gradients (summed over ranks, as the
 Trainer does) and running statistics.
 """
 
+import argparse
 import os
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -15,14 +16,18 @@ from mxnet import autograd, gluon
 
 import mxnet_mpi
 
-out_dir = sys.argv[1]
-ref = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--reference" else 0
+ap = argparse.ArgumentParser()
+ap.add_argument("out_dir")
+ap.add_argument("--reference", type=int, default=0)
+ap.add_argument("--offset", type=float, default=0.0)
+args = ap.parse_args()
+out_dir, ref = args.out_dir, args.reference
 C = 3
 
 
 def batch(r: int):
     rng = np.random.RandomState(10 + r)
-    x = rng.randn(2 + 2 * r, C, 4, 5).astype(np.float32) * (1 + r) + r
+    x = (rng.randn(2 + 2 * r, C, 4, 5) * (1 + r) + r + args.offset).astype(np.float32)
     w = rng.randn(2 + 2 * r, C, 4, 5).astype(np.float32)   # loss = sum(y * w)
     return x, w
 
