@@ -5,6 +5,7 @@ data and a few steps, and only the import line changed:
 
   mpirun -np N python hvd_mnist.py OUT_DIR [--fp16] [--optimizer]
   python hvd_mnist.py OUT_DIR --reference N     (one process on the global batch)
+  mpirun -np N python hvd_mnist.py OUT_DIR --horovod   (the real horovod.mxnet)
 Saves OUT_DIR/rank<r>.npz (or ref.npz) with the final weights.
 """
 
@@ -21,12 +22,16 @@ ap.add_argument("--reference", type=int, default=0)
 ap.add_argument("--fp16", action="store_true", help="Compression.fp16")
 ap.add_argument("--optimizer", action="store_true", help="DistributedOptimizer + an updater")
 ap.add_argument("--steps", type=int, default=4)
+ap.add_argument("--horovod", action="store_true", help="the real horovod.mxnet, unchanged")
 args = ap.parse_args()
 
 if args.reference:
     rank, size = 0, args.reference
 else:
-    import mxnet_mpi.horovod as hvd
+    if args.horovod:
+        import horovod.mxnet as hvd
+    else:
+        import mxnet_mpi.horovod as hvd
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
 batch_size, lr = 8, 0.01
