@@ -7,6 +7,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "half.h"
+
 
 namespace mxnet_mpi {
 
@@ -80,11 +82,7 @@ namespace {
 // float16 has no MPI datatype: sum it as 2-byte words with a user op that
 // adds in float32 and rounds once, which is what numpy does for float16.
 void HalfSum(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
-  const _Float16* a = static_cast<const _Float16*>(invec);
-  _Float16* b = static_cast<_Float16*>(inoutvec);
-  for (int i = 0; i < *len; ++i) {
-    b[i] = static_cast<_Float16>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
-  }
+  AddHalf(static_cast<const _Float16*>(invec), static_cast<_Float16*>(inoutvec), *len);
 }
 
 MPI_Op SumOp(int dtype) {
@@ -148,16 +146,15 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
   }
 }
 
-template <typename T>
-void ToHalf(const void* src, _Float16* dst, int64_t n) {
-  const T* s = static_cast<const T*>(src);
+// float64 goes to float16 directly (through float32 it could round twice).
+void DoubleToHalf(const void* src, _Float16* dst, int64_t n) {
+  const double* s = static_cast<const double*>(src);
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<_Float16>(s[i]);
 }
 
-template <typename T>
-void FromHalf(const _Float16* src, void* dst, int64_t n) {
-  T* d = static_cast<T*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(src[i]);
+void HalfToDouble(const _Float16* src, void* dst, int64_t n) {
+  double* d = static_cast<double*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<double>(src[i]);
 }
 
 // fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
@@ -184,30 +181,25 @@ std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, i
     if (in == nullptr) {
       std::memset(send, 0, len * 2);
     } else if (dtype == kFloat32) {
-      ToHalf<float>(src, send, len);
+      FloatToHalf(reinterpret_cast<const float*>(src), send, len);
     } else {
-      ToHalf<double>(src, send, len);
+      DoubleToHalf(src, send, len);
     }
     std::vector<int> rcounts(p, mine), rdispls(p);
     for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
     int rc = MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv,
                            rcounts.data(), rdispls.data(), MPI_UINT16_T, comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoallv (fp16 compression)", rc, name);
-    for (int i = 0; i < mine; ++i) {
-      float acc = 0;
-      for (int r = 0; r < p; ++r) acc += static_cast<float>(recv[r * mine + i]);
-      if (divide_by > 1) acc /= divide_by;
-      block[i] = static_cast<_Float16>(acc);
-    }
+    SumHalfBlocks(recv, p, mine, divide_by, block);
     rc = MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
                         MPI_UINT16_T, comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Allgatherv (fp16 compression)", rc, name);
     if (out == nullptr) continue;
     char* dst = static_cast<char*>(out) + off * esize;
     if (dtype == kFloat32) {
-      FromHalf<float>(send, dst, len);
+      HalfToFloat(send, reinterpret_cast<float*>(dst), len);
     } else {
-      FromHalf<double>(send, dst, len);
+      HalfToDouble(send, dst, len);
     }
   }
   return "";

@@ -103,6 +103,20 @@ if store is not None:
     check("fp16_compression", np.allclose(v.asnumpy(), want16, rtol=0, atol=1e-6) and
           not np.allclose(v.asnumpy(), sum(1.0 + 1e-4 * (r + 1) for r in range(N)),
                           rtol=0, atol=1e-6), "%r vs %r" % (v.asnumpy()[0], want16))
+    # a large odd-sized random array (the vectorised conversions and their
+    # scalar tail): float32 -> float16 per rank, summed in float32 in rank
+    # order, rounded once to float16, exactly
+    rand = [np.random.RandomState(50 + r).randn(10007).astype(np.float32) * 3
+            for r in range(N)]
+    big = mx.nd.array(rand[R])
+    kv16.pushpull(1, big)
+    acc = np.zeros(10007, np.float32)
+    for r in range(N):
+        acc = acc + rand[r].astype(np.float16).astype(np.float32)
+    want = acc.astype(np.float16).astype(np.float32)
+    got = big.asnumpy()
+    check("fp16_compression_exact", np.array_equal(got, want),
+          "%d of 10007 differ" % int((got != want).sum()))
     try:
         kv16.set_gradient_compression({"type": "2bit"})
         check("2bit_refused", False, "accepted")
