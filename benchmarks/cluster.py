@@ -15,7 +15,9 @@ transfer takes wall time without taking CPU (unlike loopback).
    otherwise), the rows of benchmarks/overlap.py's worker, run by the cluster's
    mpirun: compute only; comm only (the default mode's allreduce of the
    gradients, no compute); no overlap (backward, wait, then allreduce); each
-   mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); Horovod 0.28.1
+   mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); ``mpi fp16``
+   (the default mode with fp16 gradient compression: half the bytes on the
+   wire, its comm-only time in the note); Horovod 0.28.1
    DistributedTrainer when importable (else a skipped row; it runs with oneDNN
    off, which it needs, and its note gives its own compute time); ps-lite
    ``dist_sync`` with its server on host 2.
@@ -121,7 +123,7 @@ def overlap_run(cluster, args: argparse.Namespace, out_json: Path, steps: int,
     cmd = cluster.mpirun(2, [sys.executable, str(HERE / "overlap.py"), "--model", args.model,
                              "--image-size", str(args.image_size), "--batch", str(args.batch),
                              "--steps", str(steps), "--warmup", str(warmup),
-                             "--worker-json", str(out_json)], per_host=1)
+                             "--worker-json", str(out_json), "--fp16"], per_host=1)
     subprocess.run(cmd, check=True, env=job_env(cluster, args.chunk_bytes), cwd=str(ROOT),
                    timeout=600)
     return json.loads(out_json.read_text())
@@ -243,6 +245,9 @@ def drive(args: argparse.Namespace) -> None:
             for m in MODES:
                 if m != default:
                     row("mpi_" + m, t[m])
+            row("mpi fp16", t["fp16"],
+                note="compression fp16: %.1f MB on the wire, comm only %.0f ms"
+                % (res["grad_bytes"] / 2 / 2**20, t["comm_fp16"] * 1e3))
             hv = horovod_run(cluster, args, outdir / ("cluster_hvd_%g.json" % rate))
             if hv is None:
                 row("horovod", None, skipped=True, note="not installed")

@@ -49,6 +49,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--outdir", default=str(HERE / "results"))
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)  # set by the driver
+    # set by benchmarks/cluster.py: rows of the default store with fp16 compression
+    ap.add_argument("--fp16", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -126,6 +128,19 @@ def worker(args: argparse.Namespace) -> None:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
                                 kvstore=stores[m])
         results[m] = timed(lambda trainer=trainer: (fwd_bwd(True), trainer.step(args.batch)), m)
+
+    if args.fp16:
+        # the default store with fp16 on the wire: allreduce alone, then training
+        kv16 = mx.kv.create("mpi")
+        kv16.set_gradient_compression({"type": "fp16"})
+
+        def comm16():
+            for i in reversed(range(len(grads))):
+                kv16.pushpull("g%d" % i, grads[i], priority=-i)
+        results["comm_fp16"] = timed(comm16)
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
+                                kvstore="mpi", compression_params={"type": "fp16"})
+        results["fp16"] = timed(lambda: (fwd_bwd(True), trainer.step(args.batch)), "fp16")
 
     nbytes = sum(p.grad().size * 4 for p in params)
     trace = timeline.dump(args.worker_json + ".trace.json", rank)
