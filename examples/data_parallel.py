@@ -309,6 +309,9 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
         if dist.kvstore.lower() not in OUR_STORES + ("dist_sync_mpi",):
             raise SystemExit("--syncbn needs an MPI store (--kvstore mpi, mpi_<mode> or "
                              "dist_sync_mpi), got %r" % dist.kvstore)
+        if len(dist.contexts) > 1:
+            raise SystemExit("--syncbn supports one device per rank: use --devices 1 and "
+                             "one rank per device")
         import mxnet_mpi
         kwargs["norm_layer"] = mxnet_mpi.SyncBatchNorm
     try:

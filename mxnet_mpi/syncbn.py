@@ -7,7 +7,8 @@ come from the batches of **every rank** (per-channel sums allreduced by one
 engine-embedded collective per layer in forward), and the
 backward pass allreduces the two per-channel sums the input gradient needs.
 gamma's and beta's gradients stay per rank: the Trainer's allreduce sums them.
-Ranks may have different batch sizes. Outside training it uses the running
+Ranks may have different batch sizes; one device per rank (several devices
+in one process are refused). Outside training it uses the running
 statistics, like BatchNorm.
 
 Each rank sends its count, n·mean and centred sum of squares + n·mean²
@@ -186,6 +187,13 @@ class SyncBatchNorm(HybridBlock):
                                momentum=self._momentum, axis=self._axis,
                                use_global_stats=True, fix_gamma=False)
         if self._channel is None:   # first training forward: the same order on every rank
+            if len(self.gamma.list_ctx()) > 1:
+                # each device's forward would pair with the same device of the
+                # other ranks: statistics over ranks but not over this rank's devices
+                raise MPIKVStoreError(
+                    "mxnet_mpi.SyncBatchNorm supports one device per rank; %s has its "
+                    "parameters on %s: run one rank per device" % (self.name,
+                                                                   self.gamma.list_ctx()))
             _forward()
             self._channel = _Channel(self._label + " backward")
         fn = _SyncBNFunction(self._axis % x.ndim, self._eps, self._label, self._channel)

@@ -132,6 +132,10 @@ def test_imagenet_syncbn_trains_in_sync(tmp_path):
     bad = run_mpi(IMAGENET, 2, *SYNTH, "--kvstore", "device", "--syncbn", timeout=120,
                   check=False)
     assert bad.returncode != 0 and "--syncbn needs an MPI store" in bad.stdout + bad.stderr
+    two = subprocess.run([sys.executable, IMAGENET, *syncbn, "--kvstore", "mpi", "--syncbn",
+                          "--devices", "2"], env=mpi_env(), cwd=str(ROOT), timeout=120,
+                         capture_output=True, text=True)
+    assert two.returncode != 0 and "one device per rank" in two.stderr, two.stderr[-2000:]
 
 
 def test_imagenet_ranks_diverge_without_communication():

@@ -40,6 +40,17 @@ def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_, offset):
     assert np.abs(ranks[0]["running_mean"] - ranks[-1]["running_mean"]).max() == 0
 
 
+def test_several_devices_per_rank_are_refused():
+    import mxnet as mx
+
+    import mxnet_mpi
+    bn = mxnet_mpi.SyncBatchNorm(in_channels=2)
+    bn.initialize(ctx=[mx.cpu(0), mx.cpu(1)])
+    with mx.autograd.record(), pytest.raises(mxnet_mpi.MPIKVStoreError,
+                                             match="one device per rank"):
+        bn(mx.nd.ones((2, 2, 3), ctx=mx.cpu(0)))
+
+
 def test_hybridize_is_refused():
     import mxnet_mpi
     bn = mxnet_mpi.SyncBatchNorm(in_channels=2)
