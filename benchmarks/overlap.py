@@ -110,11 +110,13 @@ def worker(args: argparse.Namespace) -> None:
     fwd_bwd()
     mx.nd.waitall()
     grads = [p.grad() for p in params]
+
+    def allreduce_grads(kv) -> None:
+        for i in reversed(range(len(grads))):
+            kv.pushpull("g%d" % i, grads[i], priority=-i)
+
     for m in MODES:
-        def comm(m=m):
-            for i in reversed(range(len(grads))):
-                stores[m].pushpull("g%d" % i, grads[i], priority=-i)
-        results["comm_" + m] = timed(comm)
+        results["comm_" + m] = timed(lambda kv=stores[m]: allreduce_grads(kv))
 
     def baseline():
         fwd_bwd(probe=True)
@@ -124,23 +126,20 @@ def worker(args: argparse.Namespace) -> None:
         local.step(args.batch)
     results["baseline"] = timed(baseline, "baseline")
 
-    for m in MODES:
+    def train(name: str, kv, **trainer_args) -> None:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
-                                kvstore=stores[m])
-        results[m] = timed(lambda trainer=trainer: (fwd_bwd(True), trainer.step(args.batch)), m)
+                                kvstore=kv, **trainer_args)
+        results[name] = timed(lambda: (fwd_bwd(True), trainer.step(args.batch)), name)
+
+    for m in MODES:
+        train(m, stores[m])
 
     if args.fp16:
         # the default store with fp16 on the wire: allreduce alone, then training
         kv16 = mx.kv.create("mpi")
         kv16.set_gradient_compression({"type": "fp16"})
-
-        def comm16():
-            for i in reversed(range(len(grads))):
-                kv16.pushpull("g%d" % i, grads[i], priority=-i)
-        results["comm_fp16"] = timed(comm16)
-        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
-                                kvstore="mpi", compression_params={"type": "fp16"})
-        results["fp16"] = timed(lambda: (fwd_bwd(True), trainer.step(args.batch)), "fp16")
+        results["comm_fp16"] = timed(lambda: allreduce_grads(kv16))
+        train("fp16", "mpi", compression_params={"type": "fp16"})
 
     nbytes = sum(p.grad().size * 4 for p in params)
     trace = timeline.dump(args.worker_json + ".trace.json", rank)

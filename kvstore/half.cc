@@ -23,9 +23,10 @@ void AddHalfScalar(const _Float16* a, _Float16* b, int64_t n) {
     b[i] = static_cast<_Float16>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
+// Elements [from, n) of SumHalfBlocks (block r starts at blocks + r * n).
 void SumHalfBlocksScalar(const _Float16* blocks, int p, int64_t n, int divide_by,
-                         _Float16* out) {
-  for (int64_t i = 0; i < n; ++i) {
+                         _Float16* out, int64_t from = 0) {
+  for (int64_t i = from; i < n; ++i) {
     float acc = 0;
     for (int r = 0; r < p; ++r) acc += static_cast<float>(blocks[r * n + i]);
     if (divide_by > 1) acc /= static_cast<float>(divide_by);
@@ -48,22 +49,21 @@ __attribute__((target("avx,f16c"))) void FloatToHalfF16C(const float* s, _Float1
                                                            int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) Store8(d + i, _mm256_loadu_ps(s + i));
-  for (; i < n; ++i) d[i] = static_cast<_Float16>(s[i]);
+  FloatToHalfScalar(s + i, d + i, n - i);
 }
 
 __attribute__((target("avx,f16c"))) void HalfToFloatF16C(const _Float16* s, float* d,
                                                            int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, Load8(s + i));
-  for (; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  HalfToFloatScalar(s + i, d + i, n - i);
 }
 
 __attribute__((target("avx,f16c"))) void AddHalfF16C(const _Float16* a, _Float16* b,
                                                        int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) Store8(b + i, _mm256_add_ps(Load8(a + i), Load8(b + i)));
-  for (; i < n; ++i)
-    b[i] = static_cast<_Float16>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+  AddHalfScalar(a + i, b + i, n - i);
 }
 
 __attribute__((target("avx,f16c"))) void SumHalfBlocksF16C(const _Float16* blocks, int p,
@@ -77,12 +77,7 @@ __attribute__((target("avx,f16c"))) void SumHalfBlocksF16C(const _Float16* block
     if (divide_by > 1) acc = _mm256_div_ps(acc, by);
     Store8(out + i, acc);
   }
-  for (; i < n; ++i) {
-    float acc = 0;
-    for (int r = 0; r < p; ++r) acc += static_cast<float>(blocks[r * n + i]);
-    if (divide_by > 1) acc /= static_cast<float>(divide_by);
-    out[i] = static_cast<_Float16>(acc);
-  }
+  SumHalfBlocksScalar(blocks, p, n, divide_by, out, i);   // the last n % 8
 }
 
 bool HasF16C() {

@@ -38,6 +38,7 @@ for and broadcasts them. Dense keys never leave MPI inside a group.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import weakref
 import zlib
@@ -84,6 +85,15 @@ def _close_at_exit() -> None:
     if not _close_registered:
         _close_registered = True
         on_world_exit(_close_all)
+
+
+@contextlib.contextmanager
+def _server_flight(arr, desc: str):
+    """A health flight (stall warning, then abort) around the parameter-server
+    work done in the block: its begin and end markers are engine ops on `arr`."""
+    wait = _native.server_wait(arr, desc, True)
+    yield
+    _native.server_wait(arr, desc, False, wait)
 
 
 def _env_positive_int(name: str, raw: str) -> int:
@@ -230,15 +240,13 @@ class HybridKVStore(MPIKVStore):
         if self._dist is not None:
             mx.nd.waitall()
             # ps::Finalize (run by the native store's destructor) is a barrier with
-            # the scheduler and every group: a health flight around it, so a stopped
-            # scheduler or group is named by the stall warning and aborts the job
+            # the scheduler and every group: a stopped scheduler or group is named
+            # by the stall warning and aborts the job
             marker = mx.nd.zeros((1,))
-            desc = ("parameter-server exit barrier (group %d; waits for the scheduler "
-                    "and every group)" % self._group_id)
-            wait = _native.server_wait(marker, desc, True)
-            mx.nd.waitall()     # the flight has begun before the barrier blocks
-            self._dist = None
-            _native.server_wait(marker, desc, False, wait)
+            with _server_flight(marker, "parameter-server exit barrier (group %d; waits "
+                                "for the scheduler and every group)" % self._group_id):
+                mx.nd.waitall()     # the flight has begun before the barrier blocks
+                self._dist = None
             mx.nd.waitall()
         _open_stores.discard(self)
         if not self._closed:
@@ -423,13 +431,12 @@ class HybridKVStore(MPIKVStore):
                 self.stats["server_row_sparse_pull"] += 1
             elif key not in self._ps_errors:
                 def pull():
-                    # a health flight around the server's answer: a stopped server,
-                    # scheduler or other group stalls here, and is reported as such
-                    desc = ("parameter-server pull of key %r (group %d; waits for the servers "
-                            "and every group's push)" % (key, self._group_id))
-                    wait = _native.server_wait(outs[0], desc, True)
-                    self._dist.pull(key, out=outs[0], priority=priority)
-                    _native.server_wait(outs[0], desc, False, wait)
+                    # a stopped server, scheduler or other group stalls here, and
+                    # is reported as such
+                    with _server_flight(outs[0], "parameter-server pull of key %r (group "
+                                        "%d; waits for the servers and every group's push)"
+                                        % (key, self._group_id)):
+                        self._dist.pull(key, out=outs[0], priority=priority)
                     outs[0].wait_to_read()
 
                 self._server_call(key, "pull", pull)

@@ -90,12 +90,13 @@ def _kill_left(port: int) -> list:
     return left
 
 
-def test_stopped_scheduler_is_named_at_the_exit_barrier():
-    """The scheduler stopped with SIGSTOP: training goes on (it is off the data
-    path), then ps-lite's exit barrier needs it: the ranks warn about that
-    barrier, the job aborts at MXNET_MPI_STALL_ABORT_S, nothing is left behind."""
+def _stop_while_training(case: str, victim: str) -> tuple:
+    """Start N ranks in GROUPS groups on the script's `case`, SIGSTOP `victim`
+    ('scheduler', 'server0' or 'rank<r>') once every rank is READY, and wait
+    for the job to end: (exit status, output, seconds after the stop,
+    processes left behind)."""
     env = {"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "5"}
-    proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", "train_steps"], env=env)
+    proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", case], env=env)
     lines: list = []
     port = None
     try:
@@ -104,15 +105,24 @@ def test_stopped_scheduler_is_named_at_the_exit_barrier():
             if sum("READY" in ln for ln in lines) == N:
                 break
         port, pids = port_of("".join(lines)), pids_of("".join(lines))
-        os.kill(pids["scheduler"], signal.SIGSTOP)
+        pids.update({"rank%s" % m.group(1): int(m.group(2)) for m in
+                     (re.search(r"READY rank (\d+) pid (\d+)", ln) for ln in lines) if m})
+        os.kill(pids[victim], signal.SIGSTOP)
         t0 = time.monotonic()
         out, _ = proc.communicate(timeout=45)
         took = time.monotonic() - t0
     finally:
         stop(proc)
         leftovers = _kill_left(port) if port is not None else []
-    out = "".join(lines) + out
-    assert proc.returncode != 0, out[-3000:]
+    return proc.returncode, "".join(lines) + out, took, leftovers
+
+
+def test_stopped_scheduler_is_named_at_the_exit_barrier():
+    """The scheduler stopped with SIGSTOP: training goes on (it is off the data
+    path), then ps-lite's exit barrier needs it: the ranks warn about that
+    barrier, the job aborts at MXNET_MPI_STALL_ABORT_S, nothing is left behind."""
+    rc, out, took, leftovers = _stop_while_training("train_steps", "scheduler")
+    assert rc != 0, out[-3000:]
     assert out.count("RESULT ") == N, out[-3000:]        # training itself finished
     assert "stall warning: 'parameter-server exit barrier" in out, out[-3000:]
     assert "MXNET_MPI_STALL_ABORT_S=5" in out, out[-3000:]
@@ -154,27 +164,8 @@ def test_stopped_server_is_named_and_aborts(victim):
     off the data path: training goes on until the exit barrier):
     the waiting ranks warn about a parameter-server request, the job aborts at
     MXNET_MPI_STALL_ABORT_S and nothing is left behind."""
-    env = {"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "5"}
-    proc = start(N, GROUPS, 1, [sys.executable, SCRIPT, "--case", "train_loop"], env=env)
-    lines: list = []
-    port = None
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if sum("READY" in ln for ln in lines) == N:
-                break
-        port, pids = port_of("".join(lines)), pids_of("".join(lines))
-        ready = {int(m.group(1)): int(m.group(2)) for m in
-                 (re.search(r"READY rank (\d+) pid (\d+)", ln) for ln in lines) if m}
-        os.kill(ready[1] if victim == "rank1" else pids[victim], signal.SIGSTOP)
-        t0 = time.monotonic()
-        out, _ = proc.communicate(timeout=45)
-        took = time.monotonic() - t0
-    finally:
-        stop(proc)
-        leftovers = _kill_left(port) if port is not None else []
-    out = "".join(lines) + out
-    assert proc.returncode != 0, out[-3000:]
+    rc, out, took, leftovers = _stop_while_training("train_loop", victim)
+    assert rc != 0, out[-3000:]
     # group 1 waits on the servers for group 0's push; with a stopped rank 1,
     # its group peer rank 0 names it
     assert "stall warning: 'parameter-server pull of key 0" in out, out[-3000:]

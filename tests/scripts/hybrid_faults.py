@@ -70,27 +70,21 @@ elif args.case == "two_trainers":
         tr.step(1)
     out["weight"] = net.weight.data().asnumpy().tolist()
     out["bias"] = net.bias.data().asnumpy().tolist()
-elif args.case == "train_steps":
+elif args.case in ("train_steps", "train_loop"):
+    # train_loop: pushes and pulls until killed; train_steps: 5 steps, then 3 s
+    # of other work; both print READY after the first step
     kv.init(0, mx.nd.zeros((4,)))
     g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
-    for step in range(5):
+    looping = args.case == "train_loop"
+    for step in range(100000 if looping else 5):
         kv.push(0, g)
         kv.pull(0, out=w)
         w.wait_to_read()
         if step == 0:
             print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
+        if looping:
+            time.sleep(0.01)
     time.sleep(3)
     out["w"] = w.asnumpy().tolist()
-elif args.case == "train_loop":
-    # pushes and pulls until killed; READY after the first step
-    kv.init(0, mx.nd.zeros((4,)))
-    g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
-    for step in range(100000):
-        kv.push(0, g)
-        kv.pull(0, out=w)
-        w.wait_to_read()
-        if step == 0:
-            print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
-        time.sleep(0.01)
 mx.nd.waitall()
 print("RESULT " + json.dumps(out), flush=True)
