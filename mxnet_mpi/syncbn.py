@@ -114,12 +114,14 @@ class _SyncBNFunction(autograd.Function):
         axes, shape = self._axes(xhat), self._shape(xhat)
         c = xhat.shape[self._axis]
         scale = scale.reshape(shape)
-        # MXNet may hand dy's memory to another array of the backward graph as
-        # soon as this callback returns, while ops reading dy are still queued
-        # (the engine orders by array, not by memory): every read of dy must
-        # have run before returning. So dy is read only here, up front, and
-        # waited for; what comes after the allreduce reads arrays made here.
-        # (Reading dy after the allreduce gave wrong gradients in resnet.)
+        # dy wraps the backward graph's memory under an engine variable of its
+        # own, and the graph node ends when our outputs are written, not when
+        # our reads of dy are done: MXNet may hand that memory to another array
+        # as soon as this callback returns. So dy is read only here, up front,
+        # and those reads are waited for (dy itself is already computed: this
+        # runs on a custom-operator thread once the inputs are ready); what
+        # comes after the allreduce reads arrays made here. (Reading dy after
+        # the allreduce gave wrong gradients in resnet.)
         dbeta = dy.sum(axis=axes)
         dgamma = (dy * xhat).sum(axis=axes)
         dy_scaled = dy * scale
