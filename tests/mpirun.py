@@ -25,6 +25,20 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
+def run_single(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run tests/scripts/<script> (or a path) as one plain process, e.g. the
+    one-process reference run of a multi-rank script; a non-zero exit fails
+    with the output."""
+    path = Path(script) if os.path.isabs(script) else SCRIPTS / script
+    proc = subprocess.run([sys.executable, str(path), *args], env=mpi_env(), cwd=str(ROOT),
+                          timeout=timeout, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError("python %s exited %d\nstdout:\n%s\nstderr:\n%s"
+                             % (script, proc.returncode, proc.stdout[-6000:],
+                                proc.stderr[-6000:]))
+    return proc
+
+
 def run_mpi(script: str, np_: int, *args: str, timeout: float = 240, env: dict | None = None,
             check: bool = True) -> subprocess.CompletedProcess:
     """Run tests/scripts/<script> (or a path) on `np_` ranks; return the process.

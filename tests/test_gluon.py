@@ -5,12 +5,10 @@ own dist_sync parameter server."""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+from mpirun import SCRIPTS, run_mpi, run_single
 from pslite import parameter_server, run_workers
 
 SCRIPT = str(SCRIPTS / "gluon_train.py")
@@ -24,9 +22,7 @@ def load_ranks(outdir, n):
 
 def reference(tmp_path, n):
     outdir = tmp_path / "ref"
-    subprocess.run([sys.executable, SCRIPT, "--reference", str(n), "--outdir", str(outdir),
-                    "--steps", str(STEPS)], check=True, env=mpi_env(), cwd=str(ROOT),
-                   timeout=120, capture_output=True)
+    run_single(SCRIPT, "--reference", str(n), "--outdir", str(outdir), "--steps", str(STEPS))
     return dict(np.load(outdir / "rank0.npz"))
 
 

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+from mpirun import mpi_env, run_mpi, run_single
 
 
 def test_api_semantics():
@@ -26,9 +26,7 @@ def test_api_semantics():
 def test_mnist_example_matches_one_process(tmp_path, variant, tol):
     opts = {"trainer": [], "optimizer": ["--optimizer"], "fp16": ["--fp16"]}[variant]
     run_mpi("hvd_mnist.py", 2, str(tmp_path), *opts, timeout=180)
-    subprocess.run([sys.executable, str(SCRIPTS / "hvd_mnist.py"), str(tmp_path),
-                    "--reference", "2"], check=True, env=mpi_env(), cwd=str(ROOT), timeout=180,
-                   capture_output=True)
+    run_single("hvd_mnist.py", str(tmp_path), "--reference", "2", timeout=180)
     r0, r1, ref = (dict(np.load(tmp_path / f)) for f in ("rank0.npz", "rank1.npz", "ref.npz"))
     assert sorted(r0) == sorted(ref) and len(ref) == 8
     for k in ref:

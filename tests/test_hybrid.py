@@ -4,13 +4,12 @@ real ps-lite parameter server between groups, all started by mxnet_mpi.launch.""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from launching import run as launch
-from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+from mpirun import SCRIPTS, run_mpi, run_single
 from pslite import parameter_server, run_workers
 
 SCRIPT = str(SCRIPTS / "hybrid_train.py")
@@ -119,9 +118,8 @@ def test_sparse_embedding_through_server_dense_through_mpi(tmp_path, model):
     process training on the whole batch."""
     hyb = hybrid_run(tmp_path, model, "dist_sync_mpi", "--model", model, "--steps", str(STEPS))
     ref_dir = tmp_path / "ref"
-    subprocess.run([sys.executable, SCRIPT, "--model", model, "--reference", str(N),
-                    "--outdir", str(ref_dir), "--steps", str(STEPS)], check=True,
-                   env=mpi_env(), cwd=str(ROOT), timeout=120, capture_output=True)
+    run_single(SCRIPT, "--model", model, "--reference", str(N), "--outdir", str(ref_dir),
+               "--steps", str(STEPS))
     ref = load(ref_dir, 1)[0][0]
     assert_ranks_identical(hyb)
     weights, info = hyb[0]
@@ -157,9 +155,7 @@ def test_module_fit_dist_sync_mpi(tmp_path):
                                  "--outdir", str(tmp_path / "hyb")])
     # as MXNet's dist_sync: gradients divided by batch size x workers
     assert proc.stdout.count("kvstore type dist_sync_mpi rescale_grad %r" % (1 / (8 * N))) == N
-    subprocess.run([sys.executable, script, "--reference", str(N), "--outdir",
-                    str(tmp_path / "ref")], check=True, env=mpi_env(), cwd=str(ROOT),
-                   timeout=120, capture_output=True)
+    run_single(script, "--reference", str(N), "--outdir", str(tmp_path / "ref"))
     ref = dict(np.load(tmp_path / "ref" / "rank0.npz"))
     ranks = [(dict(np.load(tmp_path / "hyb" / ("rank%d.npz" % r))), None) for r in range(N)]
     assert_ranks_identical(ranks)

@@ -2,12 +2,10 @@
 process training on the concatenated batch (gradients averaged over ranks, as
 MXNet does for dist_sync in Module)."""
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+from mpirun import SCRIPTS, run_mpi, run_single
 
 import mxnet_mpi
 
@@ -19,9 +17,7 @@ def test_module_fit_mpi(tmp_path, nranks):
     proc = run_mpi(SCRIPT, nranks, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"))
     assert "kvstore type mpi_%s" % mxnet_mpi.DEFAULT_MODE in proc.stdout
     ranks = [dict(np.load(tmp_path / "mpi" / ("rank%d.npz" % r))) for r in range(nranks)]
-    subprocess.run([sys.executable, SCRIPT, "--reference", str(nranks), "--outdir",
-                    str(tmp_path / "ref")], check=True, env=mpi_env(), cwd=str(ROOT),
-                   timeout=120, capture_output=True)
+    run_single(SCRIPT, "--reference", str(nranks), "--outdir", str(tmp_path / "ref"))
     ref = dict(np.load(tmp_path / "ref" / "rank0.npz"))
     assert set(ref) == {"fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"}
     for name in ref:

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env
+from mpirun import ROOT, SCRIPTS, mpi_env, run_single
 from netns_cluster import needs_netns, run
 
 from mxnet_mpi.testing import netns
@@ -34,9 +34,7 @@ def load(outdir, n=N):
 
 def reference(tmp_path, script):
     outdir = tmp_path / "ref"
-    subprocess.run([sys.executable, str(SCRIPTS / script), "--reference", str(N), "--outdir",
-                    str(outdir), "--steps", str(STEPS)], check=True, env=mpi_env(),
-                   cwd=str(ROOT), timeout=120, capture_output=True)
+    run_single(script, "--reference", str(N), "--outdir", str(outdir), "--steps", str(STEPS))
     return dict(np.load(outdir / "rank0.npz"))
 
 

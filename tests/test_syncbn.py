@@ -4,12 +4,10 @@ gradients, gamma/beta gradients (summed over ranks), running statistics and
 inference outputs."""
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+from mpirun import run_mpi, run_single
 
 
 @pytest.mark.parametrize("np_,offset", [(2, 0), (3, 0), (2, 1000)])
@@ -18,9 +16,7 @@ def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_, offset):
     float32 would lose the variance to rounding."""
     extra = ["--offset", str(offset)]
     run_mpi("syncbn_run.py", np_, str(tmp_path), *extra, timeout=120)
-    subprocess.run([sys.executable, str(SCRIPTS / "syncbn_run.py"), str(tmp_path), "--reference",
-                    str(np_), *extra], check=True, env=mpi_env(), cwd=str(ROOT), timeout=120,
-                   capture_output=True)
+    run_single("syncbn_run.py", str(tmp_path), "--reference", str(np_), *extra)
     ranks = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(np_)]
     ref = dict(np.load(tmp_path / "ref.npz"))
     # Inputs near 1000 are rounded to 6e-5 in float32, so BatchNorm's own results
@@ -76,9 +72,7 @@ def test_residual_net_equals_batchnorm_on_the_global_batch(tmp_path):
     global batch. (The backward callback once read its output gradient after
     returning, when MXNet may already have reused its memory: wrong gradients.)"""
     run_mpi("syncbn_net.py", 2, str(tmp_path), timeout=120)
-    subprocess.run([sys.executable, str(SCRIPTS / "syncbn_net.py"), str(tmp_path), "--reference",
-                    "2"], check=True, env=mpi_env(), cwd=str(ROOT), timeout=120,
-                   capture_output=True)
+    run_single("syncbn_net.py", str(tmp_path), "--reference", "2")
     r0, r1, ref = (dict(np.load(tmp_path / f)) for f in ("rank0.npz", "rank1.npz", "ref.npz"))
     assert sorted(r0) == sorted(ref) and sum(k.startswith("grad ") for k in ref) >= 16
     for k in ref:
