@@ -102,6 +102,14 @@ void HalfToFloat(const _Float16* src, float* dst, int64_t n) {
   HalfToFloatScalar(src, dst, n);
 }
 
+void DoubleToHalf(const double* src, _Float16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<_Float16>(src[i]);
+}
+
+void HalfToDouble(const _Float16* src, double* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<double>(src[i]);
+}
+
 void AddHalf(const _Float16* in, _Float16* inout, int64_t n) {
 #ifdef MXNET_MPI_X86
   if (HasF16C()) return AddHalfF16C(in, inout, n);

@@ -10,6 +10,9 @@ namespace mxnet_mpi {
 
 void FloatToHalf(const float* src, _Float16* dst, int64_t n);
 void HalfToFloat(const _Float16* src, float* dst, int64_t n);
+// float64 goes to float16 directly (through float32 it could round twice); scalar.
+void DoubleToHalf(const double* src, _Float16* dst, int64_t n);
+void HalfToDouble(const _Float16* src, double* dst, int64_t n);
 // inout[i] = half(float(in[i]) + float(inout[i]))
 void AddHalf(const _Float16* in, _Float16* inout, int64_t n);
 // out[i] = half((float(blocks[0][i]) + ... + float(blocks[p-1][i])) / divide_by),

@@ -146,17 +146,6 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
   }
 }
 
-// float64 goes to float16 directly (through float32 it could round twice).
-void DoubleToHalf(const void* src, _Float16* dst, int64_t n) {
-  const double* s = static_cast<const double*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<_Float16>(s[i]);
-}
-
-void HalfToDouble(const _Float16* src, void* dst, int64_t n) {
-  double* d = static_cast<double*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<double>(src[i]);
-}
-
 // fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
 // its block (alltoall), sums them in float32 in rank order, rounds once, and
 // the rounded blocks are gathered everywhere. Bytes on the wire are those of
@@ -183,7 +172,7 @@ std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, i
     } else if (dtype == kFloat32) {
       FloatToHalf(reinterpret_cast<const float*>(src), send, len);
     } else {
-      DoubleToHalf(src, send, len);
+      DoubleToHalf(reinterpret_cast<const double*>(src), send, len);
     }
     std::vector<int> rcounts(p, mine), rdispls(p);
     for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
@@ -199,7 +188,7 @@ std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, i
     if (dtype == kFloat32) {
       HalfToFloat(send, reinterpret_cast<float*>(dst), len);
     } else {
-      HalfToDouble(send, dst, len);
+      HalfToDouble(send, reinterpret_cast<double*>(dst), len);
     }
   }
   return "";

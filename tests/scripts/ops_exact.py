@@ -117,6 +117,12 @@ if store is not None:
     got = big.asnumpy()
     check("fp16_compression_exact", np.array_equal(got, want),
           "%d of 10007 differ" % int((got != want).sum()))
+    # float64 goes to float16 directly, then back to float64
+    big64 = mx.nd.array(rand[R], dtype="float64")
+    kv16.pushpull(2, big64)
+    got64 = big64.asnumpy()
+    check("fp16_compression_float64", np.array_equal(got64, want.astype(np.float64)),
+          "%d of 10007 differ" % int((got64 != want).sum()))
     try:
         kv16.set_gradient_compression({"type": "2bit"})
         check("2bit_refused", False, "accepted")
