@@ -305,7 +305,8 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
 
     mx.random.seed(args.seed + dist.rank)  # different per rank: rank 0's weights must win
     kwargs = {}
-    if getattr(args, "syncbn", False):
+    syncbn = getattr(args, "syncbn", False)
+    if syncbn:
         if dist.kvstore.lower() not in OUR_STORES + ("dist_sync_mpi",):
             raise SystemExit("--syncbn needs an MPI store (--kvstore mpi, mpi_<mode> or "
                              "dist_sync_mpi), got %r" % dist.kvstore)
@@ -332,7 +333,7 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
         for name, p in net.collect_params().items():
             if name.endswith(("_beta", "_gamma", "_bias")):
                 p.wd_mult = 0.0
-    if not args.no_hybridize and not getattr(args, "syncbn", False):
+    if not args.no_hybridize and not syncbn:
         net.hybridize(static_alloc=True, static_shape=True)
     if dist.kvstore.startswith("dist"):
         dist.broadcast_params(net)
