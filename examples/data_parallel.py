@@ -304,17 +304,15 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
     from gluoncv.model_zoo import get_model
 
     mx.random.seed(args.seed + dist.rank)  # different per rank: rank 0's weights must win
-    kwargs = {}
+    kwargs, refusal = {}, ()
     syncbn = getattr(args, "syncbn", False)
     if syncbn:
         if dist.kvstore.lower() not in OUR_STORES + ("dist_sync_mpi",):
             raise SystemExit("--syncbn needs an MPI store (--kvstore mpi, mpi_<mode> or "
                              "dist_sync_mpi), got %r" % dist.kvstore)
-        if len(dist.contexts) > 1:
-            raise SystemExit("--syncbn supports one device per rank: use --devices 1 and "
-                             "one rank per device")
         import mxnet_mpi
         kwargs["norm_layer"] = mxnet_mpi.SyncBatchNorm
+        refusal = mxnet_mpi.MPIKVStoreError
     try:
         net = get_model(model, classes=classes, pretrained=False, **kwargs)
     except TypeError as exc:
@@ -326,9 +324,15 @@ def build_net(model: str, classes: int, image_size: int, args, dist: Dist):
     # Shapes of deferred-init parameters are known after one forward. Run it in
     # training mode: an inference forward lets oneDNN reorder conv weights in
     # place, and a collective on such a weight then hangs in mxnet_mpi 0.1.0.
-    dummy = mx.nd.zeros((2, 3, image_size, image_size), ctx=dist.contexts[0])
-    with autograd.record():
-        net(dummy).wait_to_read()
+    # With SyncBatchNorm on several devices every device must run it.
+    dummies = [mx.nd.zeros((2, 3, image_size, image_size), ctx=c) for c in dist.contexts]
+    try:
+        with autograd.record():
+            for d in dummies:
+                net(d)
+        mx.nd.waitall()
+    except refusal as exc:   # e.g. SyncBatchNorm on several CPU contexts
+        raise SystemExit("--syncbn: %s" % exc) from None
     if args.no_wd:
         for name, p in net.collect_params().items():
             if name.endswith(("_beta", "_gamma", "_bias")):

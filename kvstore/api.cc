@@ -17,6 +17,7 @@
 
 #include "engine_ops.h"
 #include "health.h"
+#include "held_write.h"
 #include "owner_thread.h"
 #include "store.h"
 #include "timeline.h"
@@ -212,7 +213,9 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size, int*
       g_comms.assign(1, MPI_COMM_WORLD);
     }
     // The heartbeat thread needs MPI_THREAD_MULTIPLE (it calls MPI beside us).
-    if (*size > 1 && *provided >= MPI_THREAD_MULTIPLE && Options().interval_s > 0) {
+    // It runs on one rank too: a SyncBatchNorm device that never arrives is a
+    // stall of this rank alone.
+    if (*provided >= MPI_THREAD_MULTIPLE && Options().interval_s > 0) {
       MPI_Comm health;
       MPI_Comm_dup(MPI_COMM_WORLD, &health);
       AddComm(health);
@@ -397,6 +400,24 @@ MXMPI_API int mxmpi_server_wait(NDArrayHandle arr, const char* desc, int begin, 
                           nullptr, false) != 0)
     return Fail(std::string("mxnet_mpi: engine push failed: ") + MXGetLastError());
   return 0;
+}
+
+// SyncBatchNorm's device meetings (held_write.h).
+MXMPI_API int mxmpi_hold_write(NDArrayHandle out, const char* desc, int64_t* ticket) {
+  MXMPI_GUARD();
+  const std::string err = HoldWrite(out, desc ? desc : "a held write", ticket);
+  return err.empty() ? 0 : Fail(err);
+}
+
+MXMPI_API int mxmpi_hold_arrived(int64_t ticket) {
+  Arrived(ticket);
+  return 0;
+}
+
+MXMPI_API int mxmpi_release_write(int64_t ticket, NDArrayHandle src) {
+  MXMPI_GUARD();
+  const std::string err = ReleaseWrite(ticket, src);
+  return err.empty() ? 0 : Fail(err);
 }
 
 // Starts recording the timeline (MXNET_MPI_TIMELINE).

@@ -273,11 +273,15 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
         ++silent;
   } else if (f.kind == FlightKind::kServer) {
     detail = ServerNote();
+  } else if (f.kind == FlightKind::kLocal) {
+    detail = " (every device of a rank must run each training forward and backward of the "
+             "layer; several CPU contexts share MXNet's MXNET_CPU_TEMP_COPY temp spaces, and too "
+             "few of them deadlock the devices: see the README's SyncBatchNorm section)";
   }
   const std::string what = known ? Where(f, m) : "'" + f.desc + "'";
   if (age >= o.abort_s) {
     std::ostringstream os;
-    os << (f.kind == FlightKind::kJoin ? "" : "collective ") << what << " has waited "
+    os << (f.kind == FlightKind::kCollective ? "collective " : "") << what << " has waited "
        << static_cast<int>(age) << " s, more than MXNET_MPI_STALL_ABORT_S=" << o.abort_s
        << detail;
     AbortJob(os.str());

@@ -27,6 +27,7 @@ enum class FlightKind : int {
   kCollective = 0,  // a collective whose arrays are ready here, waiting for peers
   kJoin = 1,        // join(): standing in for this rank until all ranks join
   kServer = 2,      // a parameter-server request (hybrid stores)
+  kLocal = 3,       // a held write: this rank's devices' parts and their sum over ranks
 };
 uint64_t FlightBegin(FlightKind kind, int store, uint64_t seq, const std::string& desc);
 void FlightTouch(uint64_t id);  // progress: the wait starts afresh

@@ -7,9 +7,10 @@ come from the batches of **every rank** (per-channel sums allreduced by one
 engine-embedded collective per layer in forward), and the
 backward pass allreduces the two per-channel sums the input gradient needs.
 gamma's and beta's gradients stay per rank: the Trainer's allreduce sums them.
-Ranks may have different batch sizes; one device per rank (several devices
-in one process are refused). Outside training it uses the running
-statistics, like BatchNorm.
+Ranks may have different batch sizes, and a rank may have several devices
+(``ctx=[...]``): their sums meet first (``device_meeting``), then one
+collective per layer and phase crosses the ranks. Outside training it uses the
+running statistics, like BatchNorm.
 
 Each rank sends its count, n·mean and centred sum of squares + n·mean²
 (two local passes, as BatchNorm's variance), in float64, so that the global
@@ -28,11 +29,15 @@ is refused: the collective is not a symbol).
 
 from __future__ import annotations
 
+import os
+
 import mxnet as mx
 from mxnet import autograd
 from mxnet.gluon import HybridBlock
 
 from . import ops
+from .collectives import engine_is_synchronous
+from .device_meeting import DeviceMeeting
 from .errors import MPIKVStoreError
 from .modes import create_stream
 from .world import init as init_world
@@ -65,13 +70,46 @@ def _forward() -> _Channel:
     return _forward_channel[0]
 
 
+def _reducer(name: str, channel: _Channel):
+    """Sum an array over the ranks in place (one device per rank)."""
+    def reduce(arr, _device, round_id=None) -> tuple:
+        ops.allreduce_(arr, name=name, store=channel)
+        return arr, round_id
+    return reduce
+
+
+def _meeting(devices, name: str, channel: _Channel):
+    """Sum an array over this rank's devices, then over the ranks."""
+    def allreduce(total, round_name: str) -> None:
+        ops.allreduce_(total, name=round_name, store=channel)
+    return DeviceMeeting(devices, name, allreduce).exchange
+
+
+# Every engine op that uses temporary space takes one of MXNet's temp spaces
+# for itself, and all CPU contexts share one pool of MXNET_CPU_TEMP_COPY of
+# them (each GPU has its own). Device 0's ops after a SyncBatchNorm wait for
+# device 1's part, which Gluon pushes later: once they hold every CPU temp
+# space, device 1's ops queue behind them for good.
+_CPU_CONTEXTS = (
+    "mxnet_mpi.SyncBatchNorm over several CPU contexts of one rank (%s) deadlocks with MXNet's "
+    "default of 4 CPU temp spaces, which all CPU contexts share (MXNet's own "
+    "gluon.contrib.nn.SyncBatchNorm hangs there too). On CPUs run one rank per device "
+    "(mpirun -np N, --devices 1); to use several CPU contexts anyway, set MXNET_CPU_TEMP_COPY "
+    "before MXNet starts to more than the ops that use temp space after the first "
+    "SyncBatchNorm (128 was enough for a 5-layer convnet on 3 contexts)")
+
+
 class _SyncBNFunction(autograd.Function):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta with mean and var over
-    all ranks' batches; backward as the global batch's BatchNorm gives it."""
+    all ranks' batches; backward as the global batch's BatchNorm gives it.
+    `sum_forward(arr, device)` / `sum_backward(arr, device, round)` return
+    (`arr` summed over every device of every rank, the round): backward's
+    round is its forward's, so each device's backward meets the same step's."""
 
-    def __init__(self, axis: int, eps: float, name: str, channel: _Channel) -> None:
+    def __init__(self, axis: int, eps: float, sum_forward, sum_backward) -> None:
         super().__init__()
-        self._axis, self._eps, self._name, self._channel = axis, eps, name, channel
+        self._axis, self._eps = axis, eps
+        self._sum_forward, self._sum_backward = sum_forward, sum_backward
 
     def _shape(self, x) -> tuple:
         return tuple(x.shape[self._axis] if i == self._axis else 1 for i in range(x.ndim))
@@ -91,8 +129,9 @@ class _SyncBNFunction(autograd.Function):
         m2 = (centred * centred).sum(axis=axes).astype("float64")
         m64 = local_mean.astype("float64")
         count = mx.nd.full((1,), n, dtype="float64", ctx=x.context)
-        stats = mx.nd.concat(m64 * n, m2 + m64 * m64 * n, count, dim=0)
-        ops.allreduce_(stats, name="%s forward statistics" % self._name, store=_forward())
+        self._device = x.context
+        part = mx.nd.concat(m64 * n, m2 + m64 * m64 * n, count, dim=0)
+        stats, self._round = self._sum_forward(part, self._device)
         total64 = stats[2 * c:2 * c + 1]
         mean64 = stats[:c] / total64
         var64 = mx.nd.relu(stats[c:2 * c] / total64 - mean64 * mean64)  # rounding: >= 0
@@ -127,8 +166,8 @@ class _SyncBNFunction(autograd.Function):
         dy_scaled = dy * scale
         for arr in (dbeta, dgamma, dy_scaled):
             arr.wait_to_read()
-        sums = mx.nd.concat(dbeta, dgamma, dim=0)
-        ops.allreduce_(sums, name="%s backward sums" % self._name, store=self._channel)
+        sums, _ = self._sum_backward(mx.nd.concat(dbeta, dgamma, dim=0), self._device,
+                                     self._round)
         mean_dy = (sums[:c] / total).reshape(shape)
         mean_dy_xhat = (sums[c:] / total).reshape(shape)
         dx = dy_scaled - (mean_dy + xhat * mean_dy_xhat) * scale
@@ -150,7 +189,7 @@ class SyncBatchNorm(HybridBlock):
         super().__init__(**kwargs)
         self._axis, self._momentum, self._eps = axis, momentum, epsilon
         self._use_global_stats = use_global_stats
-        self._channel = None
+        self._sums = None   # (forward, backward) summing functions, made at first use
         SyncBatchNorm._count += 1
         self._label = "SyncBatchNorm %d" % SyncBatchNorm._count
         with self.name_scope():
@@ -188,23 +227,30 @@ class SyncBatchNorm(HybridBlock):
             return F.BatchNorm(x, gamma, beta, running_mean, running_var, eps=self._eps,
                                momentum=self._momentum, axis=self._axis,
                                use_global_stats=True, fix_gamma=False)
-        if self._channel is None:   # first training forward: the same order on every rank
-            if len(self.gamma.list_ctx()) > 1:
-                # each device's forward would pair with the same device of the
-                # other ranks: statistics over ranks but not over this rank's devices
-                raise MPIKVStoreError(
-                    "mxnet_mpi.SyncBatchNorm supports one device per rank; %s has its "
-                    "parameters on %s: run one rank per device" % (self.name,
-                                                                   self.gamma.list_ctx()))
-            _forward()
-            self._channel = _Channel(self._label + " backward")
-        fn = _SyncBNFunction(self._axis % x.ndim, self._eps, self._label, self._channel)
+        if self._sums is None:   # first training forward: the same order on every rank
+            self._sums = self._make_sums(self.gamma.list_ctx())
+        fn = _SyncBNFunction(self._axis % x.ndim, self._eps, *self._sums)
         y, mean, var = fn(x, gamma, beta)
         with autograd.pause():
             m = self._momentum
             running_mean[:] = running_mean * m + mean * (1 - m)
             running_var[:] = running_var * m + var * (1 - m)
         return y
+
+    def _make_sums(self, devices: list) -> tuple:
+        forward = _forward()
+        backward = _Channel(self._label + " backward")
+        names = ("%s forward statistics" % self._label, "%s backward sums" % self._label)
+        if len(devices) == 1:
+            return _reducer(names[0], forward), _reducer(names[1], backward)
+        if engine_is_synchronous():
+            # a device's result waits for devices the one thread has not reached
+            raise MPIKVStoreError("mxnet_mpi.SyncBatchNorm on several devices per rank needs "
+                                  "MXNet's threaded engine, not MXNET_ENGINE_TYPE=NaiveEngine")
+        cpus = [str(d) for d in devices if d.device_type == "cpu"]
+        if len(cpus) > 1 and not os.environ.get("MXNET_CPU_TEMP_COPY"):
+            raise MPIKVStoreError(_CPU_CONTEXTS % ", ".join(cpus))
+        return _meeting(devices, names[0], forward), _meeting(devices, names[1], backward)
 
     def __repr__(self) -> str:
         return "SyncBatchNorm(axis=%d, eps=%g, momentum=%g, ranks: all)" % (

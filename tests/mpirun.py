@@ -25,12 +25,13 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_single(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_single(script: str, *args: str, timeout: float = 120,
+               env: dict | None = None) -> subprocess.CompletedProcess:
     """Run tests/scripts/<script> (or a path) as one plain process, e.g. the
     one-process reference run of a multi-rank script; a non-zero exit fails
     with the output."""
     path = Path(script) if os.path.isabs(script) else SCRIPTS / script
-    proc = subprocess.run([sys.executable, str(path), *args], env=mpi_env(), cwd=str(ROOT),
+    proc = subprocess.run([sys.executable, str(path), *args], env=mpi_env(env), cwd=str(ROOT),
                           timeout=timeout, capture_output=True, text=True)
     if proc.returncode != 0:
         raise AssertionError("python %s exited %d\nstdout:\n%s\nstderr:\n%s"

@@ -1,7 +1,8 @@
-"""mxnet_mpi.SyncBatchNorm on 2 and 3 ranks with different batch sizes equals
-gluon.nn.BatchNorm in one process on the global batch: outputs, input
-gradients, gamma/beta gradients (summed over ranks), running statistics and
-inference outputs."""
+"""mxnet_mpi.SyncBatchNorm on 1 to 3 ranks with different batch sizes, with 1 to
+3 devices per rank, equals gluon.nn.BatchNorm in one process on the global
+batch: outputs, input gradients, gamma/beta gradients (summed over ranks),
+running statistics and inference outputs. Devices that skip the layer, and
+several CPU contexts without enough temp spaces, end in errors naming why."""
 
 import re
 
@@ -36,15 +37,44 @@ def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_, offset):
     assert np.abs(ranks[0]["running_mean"] - ranks[-1]["running_mean"]).max() == 0
 
 
-def test_several_devices_per_rank_are_refused():
+def test_several_cpu_contexts_need_more_temp_spaces(monkeypatch):
+    """MXNet's 4 CPU temp spaces, shared by all CPU contexts, deadlock a layer
+    that syncs them: refused at the first training forward, before any wait,
+    with what to do instead."""
     import mxnet as mx
 
     import mxnet_mpi
+    monkeypatch.delenv("MXNET_CPU_TEMP_COPY", raising=False)
     bn = mxnet_mpi.SyncBatchNorm(in_channels=2)
     bn.initialize(ctx=[mx.cpu(0), mx.cpu(1)])
     with mx.autograd.record(), pytest.raises(mxnet_mpi.MPIKVStoreError,
-                                             match="one device per rank"):
+                                             match="one rank per device.*MXNET_CPU_TEMP_COPY"):
         bn(mx.nd.ones((2, 2, 3), ctx=mx.cpu(0)))
+
+
+def test_a_device_skipping_the_forward_is_refused():
+    """A training forward on device 0 alone, then one on both: device 0's second
+    forward would meet device 1's first. Refused, naming both devices; the
+    lone forward's statistics end as NaN instead of waiting forever."""
+    proc = run_single("syncbn_skip.py", "forward", env={"MXNET_CPU_TEMP_COPY": "16"})
+    assert re.search(r"REFUSED SyncBatchNorm \d+ forward statistics: cpu\(0\) starts its "
+                     r"training forward number 2 while cpu\(1\) ran only 0: every device",
+                     proc.stdout), proc.stdout
+    assert "ALONE_NAN True" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_a_device_skipping_the_backward_aborts_naming_the_layer(np_):
+    """Only device 0's loss is backpropagated: the layer's backward waits for
+    device 1 until the watchdog aborts the job (on one rank too), naming it."""
+    proc = run_mpi("syncbn_skip.py", np_, "backward", timeout=60, check=False,
+                   env={"MXNET_CPU_TEMP_COPY": "16", "MXNET_MPI_STALL_WARN_S": "1",
+                        "MXNET_MPI_STALL_ABORT_S": "3"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "UNEXPECTED" not in out, out[-3000:]
+    assert re.search(r"'SyncBatchNorm \d+ backward sums \(round 0\): not every device of this "
+                     r"rank has run it yet' has waited \d+ s, more than MXNET_MPI_STALL_ABORT_S",
+                     out), out[-3000:]
 
 
 def test_hybridize_is_refused():
@@ -65,17 +95,34 @@ def test_layers_train_for_steps_without_a_sync_point():
     assert np.isfinite(float(sums[0])), sums
 
 
-def test_residual_net_equals_batchnorm_on_the_global_batch(tmp_path):
+@pytest.mark.parametrize("np_,devices,how", [
+    (2, 1, "one backward"), (2, 2, "one backward"), (2, 2, "backward per device"),
+    (1, 3, "one backward"), (3, 2, "one backward")])
+def test_residual_net_equals_batchnorm_on_the_global_batch(tmp_path, np_, devices, how):
     """Five SyncBatchNorm layers between oneDNN convolutions, with a residual
-    branch, on ranks with different batch sizes: the first step's gradients of
-    every parameter and the weights after 3 steps equal BatchNorm's on the
-    global batch. (The backward callback once read its output gradient after
-    returning, when MXNet may already have reused its memory: wrong gradients.)"""
-    run_mpi("syncbn_net.py", 2, str(tmp_path), timeout=120)
-    run_single("syncbn_net.py", str(tmp_path), "--reference", "2")
-    r0, r1, ref = (dict(np.load(tmp_path / f)) for f in ("rank0.npz", "rank1.npz", "ref.npz"))
-    assert sorted(r0) == sorted(ref) and sum(k.startswith("grad ") for k in ref) >= 16
+    branch, on ranks with different batch sizes, each split unevenly over the
+    rank's devices (statistics summed over devices, then ranks): the first
+    step's gradients of every parameter and the weights after 3 steps equal
+    BatchNorm's on the global batch, on every device of every rank. (The
+    backward callback once read its output gradient after returning, when
+    MXNet may already have reused its memory: wrong gradients.)"""
+    args = ["--devices", str(devices)] + (["--sequential"] if how != "one backward" else [])
+    # several CPU contexts share MXNet's temp spaces: 128 suffice for this net
+    run_mpi("syncbn_net.py", np_, str(tmp_path), *args, timeout=120,
+            env={"MXNET_CPU_TEMP_COPY": "128"})
+    run_single("syncbn_net.py", str(tmp_path), "--reference", str(np_))
+    ranks = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(np_)]
+    ref = dict(np.load(tmp_path / "ref.npz"))
+    assert sorted(ranks[0]) == sorted(ref) and sum(k.startswith("grad ") for k in ref) >= 16
     for k in ref:
-        assert np.array_equal(r0[k], r1[k]), k
+        for r in ranks[1:]:
+            assert np.array_equal(ranks[0][k], r[k]), k
+        if k.split(" ")[1] in BIASES_BEFORE_A_NORM:
+            # the norm subtracts them again: gradient 0, rounding noise up to 1e-6
+            assert np.abs(ranks[0][k]).max() < 1e-5 and np.abs(ref[k]).max() < 1e-5, k
+            continue
         scale = max(np.abs(ref[k]).max(), 1e-2)
-        np.testing.assert_allclose(r0[k], ref[k], rtol=0, atol=1e-4 * scale, err_msg=k)
+        np.testing.assert_allclose(ranks[0][k], ref[k], rtol=0, atol=1e-4 * scale, err_msg=k)
+
+
+BIASES_BEFORE_A_NORM = ("0.bias", "3.body.0.bias", "3.body.3.bias", "4.bias")

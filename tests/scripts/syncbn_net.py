@@ -3,7 +3,9 @@ convolutions between them) against the same net with gluon.nn.BatchNorm in one
 process on the global batch: every parameter's gradient of the first step
 (summed over ranks) and the weights after a few SGD steps.
 
-  mpirun -np N python syncbn_net.py OUT_DIR      rank r: batch of 2 + 2 r images
+  mpirun -np N python syncbn_net.py OUT_DIR [--devices D [--sequential]]
+                          rank r: batch of 3 + 2 r images, split unevenly over D CPU devices
+                          (--sequential: one backward() per device, else one for all)
   python syncbn_net.py OUT_DIR --reference N    one process, BatchNorm, global batch
 """
 
@@ -18,6 +20,9 @@ import mxnet_mpi
 
 out_dir = sys.argv[1]
 ref = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--reference" else 0
+devices = int(sys.argv[sys.argv.index("--devices") + 1]) if "--devices" in sys.argv else 1
+sequential = "--sequential" in sys.argv
+ctx = [mx.cpu(i) for i in range(devices)]
 STEPS = 3
 Norm = gluon.nn.BatchNorm if ref else mxnet_mpi.SyncBatchNorm
 
@@ -41,14 +46,14 @@ net.add(gluon.nn.Conv2D(8, 3, padding=1, in_channels=3), Norm(in_channels=8),
         gluon.nn.Conv2D(16, 3, strides=2, padding=1, in_channels=8), Norm(in_channels=16),
         gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(5, in_units=16))
 mx.random.seed(7)
-net.initialize(mx.init.Xavier())
+net.initialize(mx.init.Xavier(), ctx=ctx)
 params = net._collect_params_with_prefix()
 
 
 def batch(step: int, r: int):
     rng = np.random.RandomState(100 * step + r)
-    return (rng.rand(2 + 2 * r, 3, 8, 8).astype(np.float32) * 2 + r,
-            rng.randint(0, 5, 2 + 2 * r).astype(np.float32))
+    return (rng.rand(3 + 2 * r, 3, 8, 8).astype(np.float32) * 2 + r,
+            rng.randint(0, 5, 3 + 2 * r).astype(np.float32))
 
 
 size = ref or mxnet_mpi.size()
@@ -62,14 +67,27 @@ for step in range(STEPS):
         x, y = (mx.nd.array(np.concatenate([p[i] for p in parts])) for i in (0, 1))
     else:
         x, y = (mx.nd.array(a) for a in batch(step, mxnet_mpi.rank()))
+    # uneven parts: the first device takes the rounding up
+    xs = gluon.utils.split_and_load(x, ctx, even_split=False)
+    ys = gluon.utils.split_and_load(y, ctx, even_split=False)
     with autograd.record():
-        loss = loss_fn(net(x), y)
-    loss.backward()
-    trainer.step(sum(2 + 2 * r for r in range(size)))
-    if step == 0:   # after the Trainer's allreduce: gradients summed over ranks
-        result.update({"grad " + k: p.grad().asnumpy() for k, p in params.items()
-                       if p.grad_req != "null"})
-result.update({"weight " + k: p.data().asnumpy() for k, p in params.items()})
+        losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
+    if sequential:
+        for loss in losses:
+            loss.backward()
+    else:
+        autograd.backward(losses)
+    trainer.step(sum(3 + 2 * r for r in range(size)))
+    if step == 0:   # after the Trainer's allreduce: gradients summed over devices and ranks
+        for k, p in params.items():
+            if p.grad_req != "null":
+                grads = [g.asnumpy() for g in p.list_grad()]
+                assert all(np.array_equal(g, grads[0]) for g in grads), k
+                result["grad " + k] = grads[0]
+for k, p in params.items():
+    datas = [d.asnumpy() for d in p.list_data()]
+    assert all(np.array_equal(d, datas[0]) for d in datas), k
+    result["weight " + k] = datas[0]
 os.makedirs(out_dir, exist_ok=True)
 np.savez(os.path.join(out_dir, "ref.npz" if ref else "rank%d.npz" % mxnet_mpi.rank()), **result)
 print("done", flush=True)
