@@ -14,7 +14,11 @@ a device may not start round n+1 before every device has started round n (a
 device that skipped a call would otherwise be paired with the wrong step).
 With a round id (the backward pass: the round of the forward it belongs to),
 the parts of that id meet, whenever each comes. Rounds reach the stream in the
-order they complete, under one lock: the same order on every rank.
+order they complete, under one lock: in forward, program order, the same on
+every rank. Collective names carry the round and ranks compare names, so
+backward rounds completing in different orders on two ranks (possible only
+when several backward passes run with nothing between them) fail on every rank
+instead of mixing rounds.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ is refused: the collective is not a symbol).
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import mxnet as mx
@@ -71,9 +72,16 @@ def _forward() -> _Channel:
 
 
 def _reducer(name: str, channel: _Channel):
-    """Sum an array over the ranks in place (one device per rank)."""
+    """Sum an array over the ranks in place (one device per rank). Each
+    collective's name carries its round (the n-th forward; backward gets its
+    forward's), and ranks compare names: two ranks pushing one layer's rounds
+    in different orders get an error, never each other's sums."""
+    rounds = itertools.count()
+
     def reduce(arr, _device, round_id=None) -> tuple:
-        ops.allreduce_(arr, name=name, store=channel)
+        if round_id is None:
+            round_id = next(rounds)
+        ops.allreduce_(arr, name="%s (round %d)" % (name, round_id), store=channel)
         return arr, round_id
     return reduce
 
