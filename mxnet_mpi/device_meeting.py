@@ -85,15 +85,16 @@ class DeviceMeeting:
         n = self._calls[device]
         behind = [d for d, calls in self._calls.items() if calls < n]
         if behind:
-            open_round = self._rounds.get(n - 1)
-            if open_round is not None:
-                self._abandon(n - 1)
+            lagging = min(self._calls[d] for d in behind)
+            for late in [r for r in self._rounds if isinstance(r, int) and r < n]:
+                self._abandon(late)
+            # start afresh: every device's next forward is round n
+            self._calls = dict.fromkeys(self._calls, n)
             raise MPIKVStoreError(
                 "%s: %s starts its training forward number %d while %s ran only %d: every "
                 "device of a rank must run each training forward of the layer (a forward on "
                 "one device alone, e.g. to infer shapes, must run outside autograd.record() "
-                "or on every device)" % (self._name, device, n + 1, ", ".join(behind),
-                                         min(self._calls[d] for d in behind)))
+                "or on every device)" % (self._name, device, n + 1, ", ".join(behind), lagging))
         self._calls[device] = n + 1
         return n
 

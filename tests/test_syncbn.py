@@ -55,12 +55,14 @@ def test_several_cpu_contexts_need_more_temp_spaces(monkeypatch):
 def test_a_device_skipping_the_forward_is_refused():
     """A training forward on device 0 alone, then one on both: device 0's second
     forward would meet device 1's first. Refused, naming both devices; the
-    lone forward's statistics end as NaN instead of waiting forever."""
+    lone forward's statistics end as NaN instead of waiting forever, and the
+    next step on both devices meets again."""
     proc = run_single("syncbn_skip.py", "forward", env={"MXNET_CPU_TEMP_COPY": "16"})
     assert re.search(r"REFUSED SyncBatchNorm \d+ forward statistics: cpu\(0\) starts its "
                      r"training forward number 2 while cpu\(1\) ran only 0: every device",
                      proc.stdout), proc.stdout
     assert "ALONE_NAN True" in proc.stdout, proc.stdout
+    assert "RECOVERED True" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("np_", [1, 2])

@@ -3,7 +3,8 @@
   python syncbn_skip.py forward    a training forward on device 0 alone, then a
                                    step on both: the step is refused (no pairing
                                    of device 0's second forward with device 1's
-                                   first), and nothing is left waiting
+                                   first), nothing is left waiting, and the next
+                                   step on both devices works
   python syncbn_skip.py backward   only device 0's loss is backpropagated: the
                                    layer's backward waits for device 1 until the
                                    stall watchdog aborts, naming the layer
@@ -33,6 +34,10 @@ if sys.argv[1] == "forward":
         print("REFUSED", exc, flush=True)
     mx.nd.waitall()   # the abandoned forward was ended (with NaN), not left waiting
     print("ALONE_NAN", bool(np.isnan(alone.asnumpy()).all()), flush=True)
+    with autograd.record():   # a full step afterwards meets again
+        ys = [bn(x) for x in xs]
+    both = np.concatenate([y.asnumpy() for y in ys])
+    print("RECOVERED", bool(np.isfinite(both).all()), flush=True)
 else:
     for x in xs:
         x.attach_grad()
