@@ -409,11 +409,6 @@ MXMPI_API int mxmpi_hold_write(NDArrayHandle out, const char* desc, int64_t* tic
   return err.empty() ? 0 : Fail(err);
 }
 
-MXMPI_API int mxmpi_hold_arrived(int64_t ticket) {
-  Arrived(ticket);
-  return 0;
-}
-
 MXMPI_API int mxmpi_release_write(int64_t ticket, NDArrayHandle src) {
   MXMPI_GUARD();
   const std::string err = ReleaseWrite(ticket, src);

@@ -27,8 +27,9 @@ struct Held {
   std::string desc;
 };
 
-// What a stall names after the layer: before every device has pushed its
-// part, and after (the parts or the sum over the ranks not yet computed).
+// What a stall names after the layer: before the release is pushed (not every
+// device has pushed its part), and after (the parts or the sum over the ranks
+// not yet computed).
 const char* const kWaiting = ": not every device of this rank has run it yet";
 const char* const kComputing = ": every device pushed its part; waiting for the parts and the "
                                "sum over the ranks to be computed";
@@ -116,22 +117,21 @@ std::string HoldWrite(NDArrayHandle out, const std::string& desc, int64_t* ticke
   return "";
 }
 
-void Arrived(int64_t ticket) {
-  auto h = Find(ticket, false);
-  if (!h) return;
-  std::lock_guard<std::mutex> lock(h->mu);
-  h->arrived = true;
-  if (!h->flight) return;  // the held op has not started: it names the new state itself
-  FlightEnd(h->flight);
-  h->flight = FlightBegin(FlightKind::kLocal, -1, 0, h->desc + kComputing);
-}
-
 std::string ReleaseWrite(int64_t ticket, NDArrayHandle src) {
   auto h = Find(ticket, false);
   if (!h) return "mxnet_mpi: no held write with ticket " + std::to_string(ticket);
   std::string err = CheckArray(src, 1, nullptr, -1, SizeOf(h->out), "released value");
   if (!err.empty()) return err;
   Find(ticket, true);
+  {
+    // Every part is in: a stall from now on is their computing, or the ranks.
+    std::lock_guard<std::mutex> lock(h->mu);
+    h->arrived = true;
+    if (h->flight) {  // else the held op, when it starts, names this state itself
+      FlightEnd(h->flight);
+      h->flight = FlightBegin(FlightKind::kLocal, -1, 0, h->desc + kComputing);
+    }
+  }
   if (MXShallowCopyNDArray(src, &h->src) != 0) return MXGetLastError();
   auto* param = new Param{h, true};
   if (MXEnginePushAsyncND(&Run, param, &Free, &kCpu, &h->src, 1, nullptr, 0, &kAsync, 0,

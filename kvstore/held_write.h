@@ -12,10 +12,8 @@
 namespace mxnet_mpi {
 
 // Push an engine op that holds `out` (a host array) as written and does not
-// finish; `desc` names it in stall warnings until Arrived(). Returns "" or why not.
+// finish; `desc` names it in stall warnings. Returns "" or why not.
 std::string HoldWrite(NDArrayHandle out, const std::string& desc, int64_t* ticket);
-// Everything the value needs has been pushed: no more a local stall.
-void Arrived(int64_t ticket);
 // Push an op that reads `src` (same bytes as `out`), copies it into `out` and
 // finishes the held op.
 std::string ReleaseWrite(int64_t ticket, NDArrayHandle src);

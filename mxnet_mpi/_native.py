@@ -72,7 +72,6 @@ def _load() -> ctypes.CDLL:
     lib.mxmpi_store_info.argtypes = [i, pi64, pi64, pi64]
     lib.mxmpi_server_wait.argtypes = [NDArrayHandle, ctypes.c_char_p, i, pi64]
     lib.mxmpi_hold_write.argtypes = [NDArrayHandle, ctypes.c_char_p, pi64]
-    lib.mxmpi_hold_arrived.argtypes = [i64]
     lib.mxmpi_release_write.argtypes = [i64, NDArrayHandle]
     lib.mxmpi_timeline_start.argtypes = []
     lib.mxmpi_timeline_dump.argtypes = [ctypes.c_char_p, i]
@@ -105,15 +104,10 @@ def server_wait(arr, desc: str, begin: bool, wait_id: int = 0) -> int:
 def hold_write(arr, desc: str) -> int:
     """Push an engine op that holds float64 host array `arr` as written until
     release_write(ticket, ...): readers of `arr` may be pushed before its value
-    is computed. A stall warning names `desc` until hold_arrived(ticket)."""
+    is computed. Stall warnings name `desc`, and whether the release is pushed."""
     ticket = ctypes.c_int64()
     check(LIB.mxmpi_hold_write(arr.handle, desc.encode(), ctypes.byref(ticket)))
     return ticket.value
-
-
-def hold_arrived(ticket: int) -> None:
-    """Everything the held value needs has been pushed (its wait is no longer local)."""
-    LIB.mxmpi_hold_arrived(ticket)
 
 
 def release_write(ticket: int, src) -> None:

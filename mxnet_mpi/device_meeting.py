@@ -44,10 +44,9 @@ class DeviceMeeting:
     devices of this rank and then by `allreduce(total, name)` over the ranks."""
 
     def __init__(self, devices: Sequence, name: str, allreduce: Callable) -> None:
-        self._devices = [str(d) for d in devices]
         self._name, self._allreduce = name, allreduce
         self._lock = threading.Lock()
-        self._calls = {d: 0 for d in self._devices}
+        self._calls = {str(d): 0 for d in devices}   # training forwards per device
         self._rounds: dict = {}
 
     def exchange(self, part, device, round_id: Hashable | None = None) -> tuple:
@@ -58,7 +57,7 @@ class DeviceMeeting:
         device = str(device)
         if device not in self._calls:
             raise MPIKVStoreError("%s: called on %s, which is not one of this layer's devices %s"
-                                  % (self._name, device, self._devices))
+                                  % (self._name, device, list(self._calls)))
         host = part.astype("float64", copy=False).as_in_context(mx.cpu())
         with self._lock:
             if round_id is None:
@@ -73,9 +72,8 @@ class DeviceMeeting:
                 self._abandon(round_id)
                 raise MPIKVStoreError("%s (round %s): %s" % (self._name, round_id, problem))
             rnd.parts[device] = host
-            if len(rnd.parts) == len(self._devices):
+            if len(rnd.parts) == len(self._calls):
                 del self._rounds[round_id]
-                _native.hold_arrived(rnd.ticket)
                 total = mx.nd.add_n(*rnd.parts.values())
                 self._allreduce(total, "%s (round %s)" % (self._name, round_id))
                 _native.release_write(rnd.ticket, total)
@@ -86,7 +84,7 @@ class DeviceMeeting:
         behind = [d for d, calls in self._calls.items() if calls < n]
         if behind:
             lagging = min(self._calls[d] for d in behind)
-            for late in [r for r in self._rounds if isinstance(r, int) and r < n]:
+            for late in [r for r in self._rounds if r < n]:
                 self._abandon(late)
             # start afresh: every device's next forward is round n
             self._calls = dict.fromkeys(self._calls, n)
@@ -109,6 +107,5 @@ class DeviceMeeting:
     def _abandon(self, round_id: Hashable) -> None:
         """End an open round with NaN, so that nothing waits for it forever."""
         rnd = self._rounds.pop(round_id)
-        _native.hold_arrived(rnd.ticket)
         _native.release_write(rnd.ticket, mx.nd.full(rnd.result.shape, float("nan"),
                                                      ctx=mx.cpu(), dtype="float64"))

@@ -25,14 +25,18 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
+def _script(script: str) -> Path:
+    """tests/scripts/<script>, or `script` itself when it is an absolute path."""
+    return Path(script) if os.path.isabs(script) else SCRIPTS / script
+
+
 def run_single(script: str, *args: str, timeout: float = 120,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """Run tests/scripts/<script> (or a path) as one plain process, e.g. the
     one-process reference run of a multi-rank script; a non-zero exit fails
     with the output."""
-    path = Path(script) if os.path.isabs(script) else SCRIPTS / script
-    proc = subprocess.run([sys.executable, str(path), *args], env=mpi_env(env), cwd=str(ROOT),
-                          timeout=timeout, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(_script(script)), *args], env=mpi_env(env),
+                          cwd=str(ROOT), timeout=timeout, capture_output=True, text=True)
     if proc.returncode != 0:
         raise AssertionError("python %s exited %d\nstdout:\n%s\nstderr:\n%s"
                              % (script, proc.returncode, proc.stdout[-6000:],
@@ -46,8 +50,8 @@ def run_mpi(script: str, np_: int, *args: str, timeout: float = 240, env: dict |
 
     With check=True a non-zero exit fails with the output. A timeout kills
     the whole job and fails, so a hang can never stall the suite."""
-    path = Path(script) if os.path.isabs(script) else SCRIPTS / script
-    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", sys.executable, str(path), *args]
+    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", sys.executable, str(_script(script)),
+           *args]
     # Own process group: on timeout the ranks die with mpirun, none is orphaned.
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=mpi_env(env), cwd=str(ROOT), start_new_session=True)
