@@ -25,7 +25,7 @@ def mpi_env(extra: dict | None = None) -> dict:
     return env
 
 
-def _script(script: str) -> Path:
+def script_path(script: str) -> Path:
     """tests/scripts/<script>, or `script` itself when it is an absolute path."""
     return Path(script) if os.path.isabs(script) else SCRIPTS / script
 
@@ -35,7 +35,7 @@ def run_single(script: str, *args: str, timeout: float = 120,
     """Run tests/scripts/<script> (or a path) as one plain process, e.g. the
     one-process reference run of a multi-rank script; a non-zero exit fails
     with the output."""
-    proc = subprocess.run([sys.executable, str(_script(script)), *args], env=mpi_env(env),
+    proc = subprocess.run([sys.executable, str(script_path(script)), *args], env=mpi_env(env),
                           cwd=str(ROOT), timeout=timeout, capture_output=True, text=True)
     if proc.returncode != 0:
         raise AssertionError("python %s exited %d\nstdout:\n%s\nstderr:\n%s"
@@ -50,7 +50,7 @@ def run_mpi(script: str, np_: int, *args: str, timeout: float = 240, env: dict |
 
     With check=True a non-zero exit fails with the output. A timeout kills
     the whole job and fails, so a hang can never stall the suite."""
-    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", sys.executable, str(_script(script)),
+    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", sys.executable, str(script_path(script)),
            *args]
     # Own process group: on timeout the ranks die with mpirun, none is orphaned.
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

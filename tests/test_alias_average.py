@@ -5,7 +5,7 @@ MXNET_MPI_AVERAGE, against the sum path), on real mpirun ranks in every mode."""
 import re
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 CHECKS = {"out_is_value", "out_same_memory_view", "overlap_is_error", "exact_after_overlap",
           "average_float32", "average_float64", "average_env", "trainer_average_vs_sum"}
@@ -13,7 +13,7 @@ CHECKS = {"out_is_value", "out_same_memory_view", "overlap_is_error", "exact_aft
 
 @pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
 def test_alias_and_average(mode):
-    proc = run_mpi("alias_average.py", 2, mode, timeout=120)
+    proc = run_pooled("alias_average.py", 2, mode, timeout=120)
     results = re.findall(r"CHECK (\S+) (ok|FAIL)(.*)", proc.stdout)
     assert {name for name, _, _ in results} == CHECKS, proc.stdout
     failed = [r for r in results if r[1] != "ok"]

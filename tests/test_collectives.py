@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 import mxnet_mpi
 
@@ -44,7 +44,7 @@ def results(store: str, np_: int, engine: str, tmp_path_factory) -> list:
         env = {"MXMPI_TEST_STORE": store}
         if engine:
             env["MXNET_ENGINE_TYPE"] = engine
-        proc = run_mpi("collectives_exact.py", np_, str(out), timeout=240, env=env)
+        proc = run_pooled("collectives_exact.py", np_, str(out), timeout=240, env=env)
         ranks = []
         for r in range(np_):
             path = out / ("rank%d.json" % r)

@@ -2,6 +2,7 @@
 
 import pytest
 from mpirun import run_mpi
+from pool import run_pooled
 
 MODES = ["chained", "funneled", "concurrent"]
 
@@ -9,7 +10,7 @@ MODES = ["chained", "funneled", "concurrent"]
 @pytest.mark.parametrize("modes,nranks", [("concurrent,concurrent", 2),
                                           ("chained,funneled,concurrent", 3)])
 def test_stores_alive_at_once_do_not_mix(modes, nranks):
-    proc = run_mpi("two_stores.py", nranks, modes, timeout=180)
+    proc = run_pooled("two_stores.py", nranks, modes, timeout=180)
     assert "OK %d collectives" % (3 * 40 * len(modes.split(","))) in proc.stdout
 
 
@@ -52,5 +53,5 @@ def test_unknown_mode_in_environment_is_a_clear_error():
 @pytest.mark.parametrize("mode,nranks", [("chained", 3), ("funneled", 2), ("concurrent", 3)])
 def test_stress_thousands_of_collectives(mode, nranks):
     """No hang (run_mpi's timeout fails the test) and exact sums, every mode."""
-    proc = run_mpi("stress.py", nranks, mode, "2000", "200", timeout=240)
+    proc = run_pooled("stress.py", nranks, mode, "2000", "200", timeout=240)
     assert proc.stdout.count("STRESS_OK") == nranks

@@ -5,7 +5,8 @@ MXNet does for dist_sync in Module)."""
 
 import numpy as np
 import pytest
-from mpirun import SCRIPTS, run_mpi, run_single
+from mpirun import SCRIPTS
+from pool import run_pooled
 
 import mxnet_mpi
 
@@ -14,10 +15,10 @@ SCRIPT = str(SCRIPTS / "module_train.py")
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_module_fit_mpi(tmp_path, nranks):
-    proc = run_mpi(SCRIPT, nranks, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"))
+    proc = run_pooled(SCRIPT, nranks, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"))
     assert "kvstore type mpi_%s" % mxnet_mpi.DEFAULT_MODE in proc.stdout
     ranks = [dict(np.load(tmp_path / "mpi" / ("rank%d.npz" % r))) for r in range(nranks)]
-    run_single(SCRIPT, "--reference", str(nranks), "--outdir", str(tmp_path / "ref"))
+    run_pooled(SCRIPT, 1, "--reference", str(nranks), "--outdir", str(tmp_path / "ref"))
     ref = dict(np.load(tmp_path / "ref" / "rank0.npz"))
     assert set(ref) == {"fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"}
     for name in ref:

@@ -2,10 +2,10 @@
 inference forward) go through every collective without a hang and exactly."""
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 
 @pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
 def test_collectives_on_onednn_layout_arrays(mode):
-    proc = run_mpi("onednn_layout.py", 2, env={"MXNET_MPI_MODE": mode}, timeout=120)
+    proc = run_pooled("onednn_layout.py", 2, env={"MXNET_MPI_MODE": mode}, timeout=120)
     assert proc.stdout.count("ONEDNN_OK") == 2

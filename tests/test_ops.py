@@ -7,7 +7,7 @@ rank, and the stream stays exact afterwards."""
 import re
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 
 def checks(out: str) -> list:
@@ -17,7 +17,7 @@ def checks(out: str) -> list:
 @pytest.mark.parametrize("store,np_", [("free", 3), ("chained", 2), ("funneled", 3),
                                        ("concurrent", 2)])
 def test_ops_exact(store, np_):
-    proc = run_mpi("ops_exact.py", np_, store, timeout=120)
+    proc = run_pooled("ops_exact.py", np_, store, timeout=120)
     found = checks(proc.stdout)
     expected = 16 + (4 if store != "free" else 0)
     assert len(found) == np_ * expected, proc.stdout
@@ -27,7 +27,7 @@ def test_ops_exact(store, np_):
 
 @pytest.mark.parametrize("store,np_", [("chained", 2), ("concurrent", 3)])
 def test_mismatches_fail_on_every_rank(store, np_):
-    proc = run_mpi("ops_exact.py", np_, store, "mismatch", timeout=120)
+    proc = run_pooled("ops_exact.py", np_, store, "mismatch", timeout=120)
     found = checks(proc.stdout)
     assert len(found) == np_ * 6, proc.stdout
     assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]

@@ -7,7 +7,7 @@ exact. A failed collective never poisons the next one."""
 import json
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 MODES = ["chained", "funneled", "concurrent"]
 
@@ -15,7 +15,7 @@ MODES = ["chained", "funneled", "concurrent"]
 @pytest.fixture(scope="module", params=MODES)
 def records(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("oos") / "rec"
-    run_mpi("out_of_step.py", 2, request.param, str(out), timeout=180)
+    run_pooled("out_of_step.py", 2, request.param, str(out), timeout=180)
     return [json.loads((out.parent / ("rec.%d" % r)).read_text()) for r in range(2)]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 import mxnet_mpi
 
@@ -27,7 +27,7 @@ RUNS += [("mpi_" + m, 2 + i % 2, "2") for i, m in
                          ids=["%s-np%d-workers%s" % r for r in RUNS])
 def test_random_readiness(store, np_, nthreads, tmp_path):
     seed = 10 * np_ + int(nthreads)
-    proc = run_mpi("readiness.py", np_, str(tmp_path), str(N_KEYS), str(seed), timeout=120,
+    proc = run_pooled("readiness.py", np_, str(tmp_path), str(N_KEYS), str(seed), timeout=120,
                    env={"MXNET_CPU_WORKER_NTHREADS": nthreads, "MXMPI_TEST_STORE": store})
     for r in range(np_):
         path = tmp_path / ("rank%d.json" % r)

@@ -4,13 +4,13 @@ import re
 
 import numpy as np
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 
 def test_resume_follows_same_trajectory(tmp_path):
-    run_mpi("resume.py", 2, "full", str(tmp_path), "6")
-    run_mpi("resume.py", 2, "first", str(tmp_path), "3")
-    run_mpi("resume.py", 2, "second", str(tmp_path), "3", env={"STEP_OFFSET": "3"})
+    run_pooled("resume.py", 2, "full", str(tmp_path), "6")
+    run_pooled("resume.py", 2, "first", str(tmp_path), "3")
+    run_pooled("resume.py", 2, "second", str(tmp_path), "3", env={"STEP_OFFSET": "3"})
     full = [dict(np.load(tmp_path / ("full_rank%d.npz" % r))) for r in range(2)]
     resumed = [dict(np.load(tmp_path / ("second_rank%d.npz" % r))) for r in range(2)]
     first = dict(np.load(tmp_path / "first_rank0.npz"))
@@ -23,7 +23,7 @@ def test_resume_follows_same_trajectory(tmp_path):
 
 @pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
 def test_no_leak_over_10000_collectives(mode):
-    proc = run_mpi("leak.py", 2, mode, timeout=240)
+    proc = run_pooled("leak.py", 2, mode, timeout=240)
     growth = [float(ln.split()[1]) for ln in proc.stdout.splitlines()
               if ln.startswith("RSS_GROWTH_MB")]
     assert len(growth) == 2
@@ -33,7 +33,7 @@ def test_no_leak_over_10000_collectives(mode):
 def test_store_churn_keeps_threads_and_memory_flat():
     """1,000 stores and Trainers of every mode in turn, created and dropped (or
     closed): their threads and communicators go with them."""
-    proc = run_mpi("churn.py", 2, "all", "1002", timeout=180)
+    proc = run_pooled("churn.py", 2, "all", "1002", timeout=180)
     for line in [ln for ln in proc.stdout.splitlines() if ln.startswith("CHURN")]:
         t0, t1, m0, m1 = (float(x) for x in re.findall(r"[\d.]+", line))
         assert t1 == t0, line

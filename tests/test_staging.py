@@ -7,7 +7,7 @@ step, failures that leave the chunks paired, and a Trainer on staged grads."""
 import re
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 ENV = {"MXNET_MPI_FORCE_STAGING": "1", "MXNET_MPI_STAGE_CHUNK_BYTES": "4096"}
 CHECKS = {"exact_every_step", "chunk_collectives", "buffers_reused", "failure_everywhere",
@@ -16,7 +16,7 @@ CHECKS = {"exact_every_step", "chunk_collectives", "buffers_reused", "failure_ev
 
 @pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
 def test_staged_chunks_exact_and_reused(mode):
-    proc = run_mpi("staging_run.py", 2, mode, env=ENV, timeout=120)
+    proc = run_pooled("staging_run.py", 2, mode, env=ENV, timeout=120)
     results = re.findall(r"CHECK (\S+) (ok|FAIL)(.*)", proc.stdout)
     assert {name for name, _, _ in results} == CHECKS, proc.stdout
     assert len(results) == 2 * len(CHECKS)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from mpirun import run_mpi
+from pool import run_pooled
 
 MODES = ["chained", "funneled", "concurrent"]
 
@@ -16,7 +17,7 @@ MODES = ["chained", "funneled", "concurrent"]
 def test_join_gives_identical_weights_equal_to_one_process(mode):
     # rank r trains 2 + 3 r steps; the reference is one process summing, at each
     # step, the gradients of the ranks that still had data (see uneven.py)
-    proc = run_mpi("uneven.py", 3, mode, "join", timeout=120)
+    proc = run_pooled("uneven.py", 3, mode, "join", timeout=120)
     assert proc.stdout.count("JOIN OK") == 3, proc.stdout
     sums = set(re.findall(r"checksum (\S+)", proc.stdout))
     assert len(sums) == 1, proc.stdout
@@ -40,6 +41,6 @@ def test_finished_rank_is_named_at_once_without_join(mode):
 def test_module_fit_with_uneven_shards_finishes_in_sync(mode):
     """MXNet's fit.py case: shards of 2, 5, 8 batches. Module.fit with our store
     joins at each epoch end by itself: exit 0 and identical weights."""
-    proc = run_mpi("module_uneven.py", 3, mode, timeout=120)
+    proc = run_pooled("module_uneven.py", 3, mode, timeout=120)
     sums = re.findall(r"MODULE_CHECKSUM (\S+)", proc.stdout)
     assert len(sums) == 3 and len(set(sums)) == 1, proc.stdout
