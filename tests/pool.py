@@ -185,8 +185,11 @@ atexit.register(_close_all)
 
 def run_pooled(script: str, np_: int, *args: str, timeout: float = 240,
                env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """As mpirun.run_mpi, in a warm pool of `np_` ranks (see the module doc)."""
-    full = mpi_env(env)
+    """As mpirun.run_mpi, in a warm pool of `np_` ranks (see the module doc).
+    A variable given as None in `env` is unset for the run."""
+    full = mpi_env({k: v for k, v in (env or {}).items() if v is not None})
+    for name in [k for k, v in (env or {}).items() if v is None]:
+        full.pop(name, None)
     init = tuple(sorted((k, v) for k, v in full.items() if _is_init(k)))
     # The pool starts with the plain test environment plus these start-up
     # settings; every other variable of this run is set for the run only.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from mpirun import run_mpi
+from pool import run_pooled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import bad_input  # noqa: E402
@@ -64,7 +65,7 @@ _mpi_run: dict = {}
 def mpi_results(tmp_path_factory) -> list:
     if not _mpi_run:
         out = tmp_path_factory.mktemp("bad_input_np2")
-        proc = run_mpi("bad_input.py", 2, str(out), timeout=180)
+        proc = run_pooled("bad_input.py", 2, str(out), timeout=180)
         ranks = []
         for r in range(2):
             path = out / ("rank%d.json" % r)

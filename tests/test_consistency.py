@@ -4,12 +4,12 @@ the periodic setting runs it from Trainer.step and Module.update, off it issues
 nothing, hybrid stores compare their group, and bad settings are named errors."""
 
 import re
-import subprocess
 import sys
 
 import launching
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env, run_mpi
+from mpirun import SCRIPTS
+from pool import run_pooled
 
 
 def results(out: str) -> list:
@@ -19,7 +19,7 @@ def results(out: str) -> list:
 
 @pytest.mark.parametrize("mode", ["chained", "concurrent"])
 def test_api_finds_names_raises_and_repairs(mode):
-    proc = run_mpi("consistency.py", 2, mode, "api", timeout=120)
+    proc = run_pooled("consistency.py", 2, mode, "api", timeout=120)
     res = results(proc.stdout)
     assert len(res) == 2, proc.stdout
     for r in res:
@@ -31,7 +31,7 @@ def test_api_finds_names_raises_and_repairs(mode):
 
 def test_periodic_check_from_trainer_step_rebroadcasts():
     env = {"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_CONSISTENCY_ACTION": "broadcast"}
-    proc = run_mpi("consistency.py", 2, "funneled", "periodic", env=env, timeout=120)
+    proc = run_pooled("consistency.py", 2, "funneled", "periodic", env=env, timeout=120)
     assert [r for r in results(proc.stdout)] == [{"warned": "True", "fixed": "True"}] * 2, \
         proc.stdout
 
@@ -39,7 +39,7 @@ def test_periodic_check_from_trainer_step_rebroadcasts():
 def test_off_by_default_costs_no_collective():
     per_step = {}
     for every in ("0", "1"):
-        proc = run_mpi("consistency.py", 2, "concurrent", "off", timeout=120,
+        proc = run_pooled("consistency.py", 2, "concurrent", "off", timeout=120,
                        env={"MXNET_MPI_CONSISTENCY_EVERY": every})
         counts = {r["per_step"] for r in results(proc.stdout)}
         assert len(counts) == 1, proc.stdout
@@ -49,7 +49,7 @@ def test_off_by_default_costs_no_collective():
 
 def test_periodic_check_from_module_update_rebroadcasts():
     env = {"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_CONSISTENCY_ACTION": "broadcast"}
-    proc = run_mpi("consistency_module.py", 2, "chained", env=env, timeout=120)
+    proc = run_pooled("consistency_module.py", 2, "chained", env=env, timeout=120)
     want = {"differs_before": "True", "warned": "True", "names_fc_weight": "True",
             "fixed": "True"}
     assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
@@ -82,12 +82,12 @@ report("target", lambda: mxnet_mpi.check_consistency({"w": 3}, store=trainer._kv
 """
 
 
-def test_bad_settings_and_arguments_are_named_errors():
+def test_bad_settings_and_arguments_are_named_errors(tmp_path):
     env = {"MXNET_MPI_CONSISTENCY_EVERY": "5", "MXNET_MPI_CONSISTENCY_ACTION": "repair"}
-    proc = subprocess.run([sys.executable, "-c", BAD_INPUT], capture_output=True, text=True,
-                          env=mpi_env(env), cwd=str(ROOT), timeout=60)
+    script = tmp_path / "bad_input.py"
+    script.write_text(BAD_INPUT)
+    proc = run_pooled(str(script), 1, env=env, timeout=60)
     out = proc.stdout
-    assert proc.returncode == 0, proc.stderr[-3000:]
     # the first step already refuses the misspelt action, not the fifth
     assert "env ERROR MXNET_MPI_CONSISTENCY_ACTION must be one of warn, broadcast, raise, " \
            "got 'repair'" in out, out

@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, mpi_env, run_mpi
+from mpirun import ROOT, mpi_env
+from pool import run_pooled
 from pslite import parameter_server, run_workers
 
 EXAMPLES = ROOT / "examples"
@@ -79,7 +80,7 @@ def test_make_imagenet_rec_layout(rec_dir):
 
 def test_imagenet_recordio_two_ranks(rec_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = run_mpi(IMAGENET, 2, "--rec-train", str(rec_dir / "train.rec"),
+    proc = run_pooled(IMAGENET, 2, "--rec-train", str(rec_dir / "train.rec"),
                    "--rec-val", str(rec_dir / "val.rec"), *SMALL_NET, "--epochs", "2",
                    "--max-steps", "3", "--save-dir", str(ckpt), timeout=240)
     assert_in_sync(proc.stdout, 2)
@@ -104,7 +105,7 @@ SYNTH = ["--synthetic", *SMALL_NET, "--epochs", "1", "--max-steps", "3",
 def test_imagenet_synthetic_funneled_matches_dist_sync(tmp_path):
     """Same script, our store (funneled mode) vs MXNet's real ps-lite dist_sync:
     both sum the same two gradients, so the weights agree bit for bit."""
-    proc = run_mpi(IMAGENET, 2, *SYNTH, "--kvstore", "mpi", "--mode", "funneled",
+    proc = run_pooled(IMAGENET, 2, *SYNTH, "--kvstore", "mpi", "--mode", "funneled",
                    timeout=240)
     ours = assert_in_sync(proc.stdout, 2)
     res = result(proc.stdout)
@@ -126,24 +127,22 @@ def test_imagenet_syncbn_trains_in_sync(tmp_path):
     (measured: equal to 2e-8; with gluon's BatchNorm, 1 and 2 devices per rank
     end 0.4% apart)."""
     syncbn = [a if a != "resnet18_v1" else "resnet18_v1b" for a in SYNTH]
-    proc = run_mpi(IMAGENET, 2, *syncbn, "--kvstore", "mpi", "--syncbn", timeout=240)
+    proc = run_pooled(IMAGENET, 2, *syncbn, "--kvstore", "mpi", "--syncbn", timeout=240)
     one_device = assert_in_sync(proc.stdout, 2)
     res = result(proc.stdout)
     assert res["model"] == "resnet18_v1b" and res["steps"] == 3
     assert np.isfinite(res["epochs"][0]["train_loss_rank0"])
     assert res["epochs"][0]["val_images"] == 10
     # several CPU contexts share MXNet's temp spaces: 512 suffice for resnet18_v1b
-    two = run_mpi(IMAGENET, 2, *syncbn, "--kvstore", "mpi", "--syncbn", "--devices", "2",
+    two = run_pooled(IMAGENET, 2, *syncbn, "--kvstore", "mpi", "--syncbn", "--devices", "2",
                   timeout=240, env={"MXNET_CPU_TEMP_COPY": "1024"})
     assert result(two.stdout)["devices_per_rank"] == 2
     assert abs(assert_in_sync(two.stdout, 2) - one_device) < 1e-6 * abs(one_device)
-    bad = run_mpi(IMAGENET, 2, *SYNTH, "--kvstore", "device", "--syncbn", timeout=120,
+    bad = run_pooled(IMAGENET, 2, *SYNTH, "--kvstore", "device", "--syncbn", timeout=120,
                   check=False)
     assert bad.returncode != 0 and "--syncbn needs an MPI store" in bad.stdout + bad.stderr
-    env = {k: v for k, v in mpi_env().items() if k != "MXNET_CPU_TEMP_COPY"}
-    refused = subprocess.run([sys.executable, IMAGENET, *syncbn, "--kvstore", "mpi", "--syncbn",
-                              "--devices", "2"], env=env, cwd=str(ROOT), timeout=120,
-                             capture_output=True, text=True)
+    refused = run_pooled(IMAGENET, 1, *syncbn, "--kvstore", "mpi", "--syncbn", "--devices", "2",
+                         timeout=120, check=False, env={"MXNET_CPU_TEMP_COPY": None})
     assert refused.returncode != 0, refused.stderr[-2000:]
     assert "several CPU contexts" in refused.stderr and "MXNET_CPU_TEMP_COPY" in refused.stderr
 
@@ -151,7 +150,7 @@ def test_imagenet_syncbn_trains_in_sync(tmp_path):
 def test_imagenet_ranks_diverge_without_communication():
     """Control: with kvstore 'device' each rank trains alone and the checksums
     differ, so the equality checks above are not vacuous."""
-    proc = run_mpi(IMAGENET, 2, *SYNTH, "--kvstore", "device", timeout=240)
+    proc = run_pooled(IMAGENET, 2, *SYNTH, "--kvstore", "device", timeout=240)
     sums = checksums(proc.stdout)
     assert sorted(sums) == [0, 1] and sums[0] != sums[1]
 
@@ -180,7 +179,7 @@ def test_make_cifar10_format(cifar_dir):
 
 def test_cifar10_two_ranks_two_devices_each(cifar_dir):
     """Two CPU contexts per rank: the store sums over devices and ranks."""
-    proc = run_mpi(CIFAR, 2, "--data-dir", str(cifar_dir), "--batch-size", "16",
+    proc = run_pooled(CIFAR, 2, "--data-dir", str(cifar_dir), "--batch-size", "16",
                    "--devices", "2", "--epochs", "2", "--max-steps", "9", "--quiet",
                    "--kvstore", "mpi_concurrent", timeout=240)
     assert_in_sync(proc.stdout, 2)

@@ -8,7 +8,8 @@ import ast
 
 import numpy as np
 import pytest
-from mpirun import SCRIPTS, run_mpi, run_single
+from mpirun import SCRIPTS, run_mpi
+from pool import run_pooled
 from pslite import parameter_server, run_workers
 
 SCRIPT = str(SCRIPTS / "gluon_train.py")
@@ -22,7 +23,7 @@ def load_ranks(outdir, n):
 
 def reference(tmp_path, n):
     outdir = tmp_path / "ref"
-    run_single(SCRIPT, "--reference", str(n), "--outdir", str(outdir), "--steps", str(STEPS))
+    run_pooled(SCRIPT, 1, "--reference", str(n), "--outdir", str(outdir), "--steps", str(STEPS))
     return dict(np.load(outdir / "rank0.npz"))
 
 
@@ -43,21 +44,21 @@ def test_mpi_string_matches_single_process(tmp_path, nranks, mode):
     # Ranks seed differently: they only agree if rank 0's weights are broadcast
     # (deferred-init ones included) and gradients are summed across ranks.
     # kvstore='mpi' as a plain string; the mode comes from the environment.
-    run_mpi(SCRIPT, nranks, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"),
+    run_pooled(SCRIPT, nranks, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"),
             "--steps", str(STEPS), env={"MXNET_MPI_MODE": mode})
     assert_same_trajectory(load_ranks(tmp_path / "mpi", nranks), reference(tmp_path, nranks))
 
 
 @pytest.mark.parametrize("mode", ["funneled"])   # every mode: the test above
 def test_mpi_mode_by_name_hybridized(tmp_path, mode):
-    run_mpi(SCRIPT, 2, "--kvstore", "mpi_" + mode, "--hybridize",
+    run_pooled(SCRIPT, 2, "--kvstore", "mpi_" + mode, "--hybridize",
             "--outdir", str(tmp_path / "mpi"), "--steps", str(STEPS))
     assert_same_trajectory(load_ranks(tmp_path / "mpi", 2), reference(tmp_path, 2))
 
 
 def test_ranks_diverge_without_kvstore(tmp_path):
     """Control: the check above can fail. With no kvstore ranks drift apart."""
-    run_mpi(SCRIPT, 2, "--kvstore", "device", "--outdir", str(tmp_path / "dev"),
+    run_pooled(SCRIPT, 2, "--kvstore", "device", "--outdir", str(tmp_path / "dev"),
             "--steps", "2")
     ranks = load_ranks(tmp_path / "dev", 2)
     assert any(not np.array_equal(ranks[0][k], ranks[1][k]) for k in ranks[0])

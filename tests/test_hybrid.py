@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 from launching import run as launch
-from mpirun import SCRIPTS, run_mpi, run_single
+from mpirun import SCRIPTS, run_mpi
+from pool import run_pooled
 from pslite import parameter_server, run_workers
 
 SCRIPT = str(SCRIPTS / "hybrid_train.py")
@@ -118,7 +119,7 @@ def test_sparse_embedding_through_server_dense_through_mpi(tmp_path, model):
     process training on the whole batch."""
     hyb = hybrid_run(tmp_path, model, "dist_sync_mpi", "--model", model, "--steps", str(STEPS))
     ref_dir = tmp_path / "ref"
-    run_single(SCRIPT, "--model", model, "--reference", str(N), "--outdir", str(ref_dir),
+    run_pooled(SCRIPT, 1, "--model", model, "--reference", str(N), "--outdir", str(ref_dir),
                "--steps", str(STEPS))
     ref = load(ref_dir, 1)[0][0]
     assert_ranks_identical(hyb)
@@ -155,7 +156,7 @@ def test_module_fit_dist_sync_mpi(tmp_path):
                                  "--outdir", str(tmp_path / "hyb")])
     # as MXNet's dist_sync: gradients divided by batch size x workers
     assert proc.stdout.count("kvstore type dist_sync_mpi rescale_grad %r" % (1 / (8 * N))) == N
-    run_single(script, "--reference", str(N), "--outdir", str(tmp_path / "ref"))
+    run_pooled(script, 1, "--reference", str(N), "--outdir", str(tmp_path / "ref"))
     ref = dict(np.load(tmp_path / "ref" / "rank0.npz"))
     ranks = [(dict(np.load(tmp_path / "hyb" / ("rank%d.npz" % r))), None) for r in range(N)]
     assert_ranks_identical(ranks)

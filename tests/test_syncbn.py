@@ -8,7 +8,8 @@ import re
 
 import numpy as np
 import pytest
-from mpirun import run_mpi, run_single
+from mpirun import run_mpi
+from pool import run_pooled
 
 
 @pytest.mark.parametrize("np_,offset", [(2, 0), (3, 0), (2, 1000)])
@@ -16,8 +17,8 @@ def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_, offset):
     """offset 1000: inputs of mean ~1000 and spread ~1, where E[x²] - mean² in
     float32 would lose the variance to rounding."""
     extra = ["--offset", str(offset)]
-    run_mpi("syncbn_run.py", np_, str(tmp_path), *extra, timeout=120)
-    run_single("syncbn_run.py", str(tmp_path), "--reference", str(np_), *extra)
+    run_pooled("syncbn_run.py", np_, str(tmp_path), *extra, timeout=120)
+    run_pooled("syncbn_run.py", 1, str(tmp_path), "--reference", str(np_), *extra)
     ranks = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(np_)]
     ref = dict(np.load(tmp_path / "ref.npz"))
     # Inputs near 1000 are rounded to 6e-5 in float32, so BatchNorm's own results
@@ -57,7 +58,7 @@ def test_a_device_skipping_the_forward_is_refused():
     forward would meet device 1's first. Refused, naming both devices; the
     lone forward's statistics end as NaN instead of waiting forever, and the
     next step on both devices meets again."""
-    proc = run_single("syncbn_skip.py", "forward", env={"MXNET_CPU_TEMP_COPY": "16"})
+    proc = run_pooled("syncbn_skip.py", 1, "forward", env={"MXNET_CPU_TEMP_COPY": "16"})
     assert re.search(r"REFUSED SyncBatchNorm \d+ forward statistics: cpu\(0\) starts its "
                      r"training forward number 2 while cpu\(1\) ran only 0: every device",
                      proc.stdout), proc.stdout
@@ -110,9 +111,9 @@ def test_residual_net_equals_batchnorm_on_the_global_batch(tmp_path, np_, device
     MXNet may already have reused its memory: wrong gradients.)"""
     args = ["--devices", str(devices)] + (["--sequential"] if how != "one backward" else [])
     # several CPU contexts share MXNet's temp spaces: 128 suffice for this net
-    run_mpi("syncbn_net.py", np_, str(tmp_path), *args, timeout=120,
+    run_pooled("syncbn_net.py", np_, str(tmp_path), *args, timeout=120,
             env={"MXNET_CPU_TEMP_COPY": "128"})
-    run_single("syncbn_net.py", str(tmp_path), "--reference", str(np_))
+    run_pooled("syncbn_net.py", 1, str(tmp_path), "--reference", str(np_))
     ranks = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(np_)]
     ref = dict(np.load(tmp_path / "ref.npz"))
     assert sorted(ranks[0]) == sorted(ref) and sum(k.startswith("grad ") for k in ref) >= 16
