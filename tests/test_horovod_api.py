@@ -143,7 +143,7 @@ def test_mnist_example_matches_real_horovod(tmp_path, variant):
 def test_api_matches_real_horovod(tmp_path):
     """hvd_parity.py under both: every recorded value, dtype and error kind is
     equal (reductions, alltoall's received splits, reducescatter's uneven rows,
-    objects, a dynamic process set and a DistributedTrainer on it, id reuse)."""
+    objects, a dynamic process set and a DistributedTrainer on it, its removal)."""
     if not _real_horovod():
         pytest.skip("Horovod is not installed (benchmarks/setup_horovod.sh builds it)")
     run_mpi("hvd_parity.py", 3, str(tmp_path / "ours"), timeout=180)

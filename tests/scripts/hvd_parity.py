@@ -118,8 +118,9 @@ trainer.step(1)
 record("trainer_on_set", p.data)
 record("remove", lambda: hvd.remove_process_set(ps))
 record("removed_id", lambda: ps.process_set_id)
-again = hvd.add_process_set([0, 1])
-record("reused_id", lambda: again.process_set_id)
+# (not here: adding a set after a removal, which made the real Horovod report
+# "Horovod is shutting down" in 1 of 3 runs on this machine; hvd_api.py checks
+# the id reuse)
 mx.nd.waitall()
 os.makedirs(OUT, exist_ok=True)
 with open(os.path.join(OUT, "rank%d.json" % R), "w") as f:
