@@ -421,6 +421,12 @@ MXMPI_API int mxmpi_timeline_start() {
   return 0;
 }
 
+// Stops recording the timeline and forgets its events (hvd.stop_timeline).
+MXMPI_API int mxmpi_timeline_stop() {
+  TimelineStop();
+  return 0;
+}
+
 // Writes the events recorded so far as Chrome-trace JSON.
 MXMPI_API int mxmpi_timeline_dump(const char* path, int rank) {
   std::string err = TimelineDump(path, rank);

@@ -173,6 +173,11 @@ std::string Validate(const Store& store, const CallDesc& c,
   if ((c.flags & kAverage) && !IsFloat(c.dtype))
     return std::string(c.label) + ": averaging needs floating-point arrays, got " +
            DTypeName(c.dtype);
+  const int kinds = c.flags & (kAverage | kNotSum);
+  if (kinds & (kinds - 1))
+    return std::string(c.label) + ": give one reduction (average, min, max or product)";
+  if ((c.flags & kNotSum) && (op != OpKind::kAllreduce || (c.flags & kCompressFp16)))
+    return std::string(c.label) + ": min, max and product are for uncompressed allreduces";
   const std::string label = c.label ? c.label : "array";
   const bool many = c.nparts > 1;
   std::set<const void*> write_vars;

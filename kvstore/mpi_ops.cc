@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include "half.h"
@@ -79,18 +80,85 @@ std::string MpiError(const char* what, int code, const std::string& name) {
 
 namespace {
 
-// float16 has no MPI datatype: sum it as 2-byte words with a user op that
-// adds in float32 and rounds once, which is what numpy does for float16.
+// float16 has no MPI datatype: reduce it as 2-byte words with user ops that
+// compute in float32 and round once, which is what numpy does for float16.
 void HalfSum(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
   AddHalf(static_cast<const _Float16*>(invec), static_cast<_Float16*>(inoutvec), *len);
 }
 
-MPI_Op SumOp(int dtype) {
-  static MPI_Op half = MPI_OP_NULL;
+template <typename F>
+void HalfApply(void* invec, void* inoutvec, int len, F f) {
+  const _Float16* a = static_cast<const _Float16*>(invec);
+  _Float16* b = static_cast<_Float16*>(inoutvec);
+  for (int i = 0; i < len; ++i)
+    b[i] = static_cast<_Float16>(f(static_cast<float>(a[i]), static_cast<float>(b[i])));
+}
+
+// NaN propagates, as in numpy's minimum/maximum.
+void HalfMin(void* in, void* inout, int* len, MPI_Datatype*) {
+  HalfApply(in, inout, *len, [](float a, float b) { return a != a || a < b ? a : b; });
+}
+void HalfMax(void* in, void* inout, int* len, MPI_Datatype*) {
+  HalfApply(in, inout, *len, [](float a, float b) { return a != a || a > b ? a : b; });
+}
+void HalfProd(void* in, void* inout, int* len, MPI_Datatype*) {
+  HalfApply(in, inout, *len, [](float a, float b) { return a * b; });
+}
+
+// The MPI reduction of an allreduce/reduce_scatter with these flags.
+MPI_Op ReduceOp(int dtype, int flags) {
+  static MPI_Op half[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   static std::once_flag once;
-  if (dtype != kFloat16) return MPI_SUM;
-  std::call_once(once, [] { MPI_Op_create(&HalfSum, /*commute=*/1, &half); });
-  return half;
+  const int which = (flags & kMin) ? 1 : (flags & kMax) ? 2 : (flags & kProduct) ? 3 : 0;
+  if (dtype != kFloat16) {
+    const MPI_Op builtin[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+    return builtin[which];
+  }
+  std::call_once(once, [] {
+    MPI_Op_create(&HalfSum, /*commute=*/1, &half[0]);
+    MPI_Op_create(&HalfMin, 1, &half[1]);
+    MPI_Op_create(&HalfMax, 1, &half[2]);
+    MPI_Op_create(&HalfProd, 1, &half[3]);
+  });
+  return half[which];
+}
+
+template <typename T>
+void FillAs(void* buf, int64_t n, T v) {
+  T* p = static_cast<T*>(buf);
+  for (int64_t i = 0; i < n; ++i) p[i] = v;
+}
+
+template <typename T>
+void FillIdentityAs(void* buf, int64_t n, int flags) {
+  using L = std::numeric_limits<T>;
+  const T hi = L::has_infinity ? L::infinity() : L::max();
+  const T lo = L::has_infinity ? -L::infinity() : L::lowest();
+  FillAs<T>(buf, n, (flags & kMin) ? hi : (flags & kMax) ? lo : T(1));
+}
+
+// What a rank that has joined contributes: the identity of the reduction
+// (0 for sums, +inf/-inf or the dtype's extremes for min/max, 1 for products).
+void FillIdentity(void* buf, int64_t n, int dtype, int flags) {
+  if (!(flags & kNotSum)) {
+    std::memset(buf, 0, static_cast<size_t>(n) * DTypeSize(dtype));
+    return;
+  }
+  switch (dtype) {
+    case kFloat32: FillIdentityAs<float>(buf, n, flags); break;
+    case kFloat64: FillIdentityAs<double>(buf, n, flags); break;
+    case kFloat16: {
+      const float v = (flags & kMin) ? std::numeric_limits<float>::infinity()
+                    : (flags & kMax) ? -std::numeric_limits<float>::infinity() : 1.0f;
+      FillAs<_Float16>(buf, n, static_cast<_Float16>(v));
+      break;
+    }
+    case kUint8: FillIdentityAs<uint8_t>(buf, n, flags); break;
+    case kInt32: FillIdentityAs<int32_t>(buf, n, flags); break;
+    case kInt8: FillIdentityAs<int8_t>(buf, n, flags); break;
+    case kInt64: FillIdentityAs<int64_t>(buf, n, flags); break;
+    default: break;
+  }
 }
 
 template <typename T>
@@ -119,16 +187,17 @@ int64_t ChunkElems(int64_t chunk_bytes, int esize) {
   return std::min<int64_t>(by_bytes, INT_MAX / 8);
 }
 
-// Sum of n elements over the communicator, chunked; in == out means in place.
-std::string SumChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
-                       int64_t chunk_bytes, const std::string& name) {
+// Sum (or min/max/product, by `flags`) of n elements over the communicator,
+// chunked; in == out means in place.
+std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
+                          int flags, int64_t chunk_bytes, const std::string& name) {
   const int esize = DTypeSize(dtype);
   const int64_t step = ChunkElems(chunk_bytes, esize);
   for (int64_t off = 0; off < n; off += step) {
     const int len = static_cast<int>(std::min(step, n - off));
     char* o = static_cast<char*>(out) + off * esize;
     const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
-    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), SumOp(dtype), comm);
+    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), ReduceOp(dtype, flags), comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
   }
   return "";
@@ -200,10 +269,11 @@ std::string Name(const Unit& u) {
   return "fused(" + std::to_string(u.members.size()) + ") " + u.members[0]->desc + " ...";
 }
 
-// Members' inputs one after another (zeros when standing in for a joined rank).
+// Members' inputs one after another (the reduction's identity when standing
+// in for a joined rank).
 void Pack(const Unit& u, char* buf, int esize) {
   if (u.joined) {
-    std::memset(buf, 0, static_cast<size_t>(u.total) * esize);
+    FillIdentity(buf, u.total, u.dtype, u.flags);
     return;
   }
   for (const Request* r : u.members) {
@@ -236,8 +306,8 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes
       return CompressedSum(comm, part.in, part.out, part.count, u->dtype,
                            average ? u->active : 1, s, name);
     }
-    std::string err = SumChunked(comm, part.in, part.out, part.count, u->dtype, chunk_bytes,
-                                 name);
+    std::string err = ReduceChunked(comm, part.in, part.out, part.count, u->dtype, u->flags,
+                                    chunk_bytes, name);
     if (err.empty() && average) Divide(part.out, part.count, u->dtype, u->active);
     return err;
   }
@@ -253,7 +323,8 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes
   }
   char* buf = s->Get(&s->a, static_cast<size_t>(u->total) * esize);
   Pack(*u, buf, esize);
-  std::string err = SumChunked(comm, buf, buf, u->total, u->dtype, chunk_bytes, name);
+  std::string err = ReduceChunked(comm, buf, buf, u->total, u->dtype, u->flags, chunk_bytes,
+                                  name);
   if (!err.empty() || u->joined) return err;
   if (average) Divide(buf, u->total, u->dtype, u->active);
   Unpack(u, buf, esize);
@@ -384,15 +455,15 @@ std::string RunReduceScatter(MPI_Comm comm, Unit* u, Scratch* s) {
   void* out = nullptr;
   if (u->joined) {
     char* zeros = s->Get(&s->a, static_cast<size_t>(u->total) * esize + 1);
-    std::memset(zeros, 0, static_cast<size_t>(u->total) * esize);
+    FillIdentity(zeros, u->total, u->dtype, u->flags);
     in = zeros;
     out = s->Get(&s->b, static_cast<size_t>(per[me]) * esize + 1);
   } else {
     in = u->members[0]->parts[0].in;
     out = u->members[0]->parts[0].out;
   }
-  const int rc = MPI_Reduce_scatter(in, out, counts.data(), MpiType(u->dtype), SumOp(u->dtype),
-                                    comm);
+  const int rc = MPI_Reduce_scatter(in, out, counts.data(), MpiType(u->dtype),
+                                    ReduceOp(u->dtype, u->flags), comm);
   if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_scatter", rc, name);
   if (!u->joined && (u->flags & kAverage)) Divide(out, per[me], u->dtype, u->active);
   return "";

@@ -36,7 +36,12 @@ bool IsFloat(int dtype);
 enum RequestFlags : int {
   kAverage = 1,     // allreduce/reduce_scatter: divide the sum by the group size
   kCompressFp16 = 2,  // allreduce of float32/64: fp16 on the wire, fp32 accumulation
+  // allreduce: the elementwise minimum, maximum or product instead of the sum
+  kMin = 4,
+  kMax = 8,
+  kProduct = 16,
 };
+constexpr int kNotSum = kMin | kMax | kProduct;
 
 // One array of a collective (several for a grouped allreduce).
 struct Part {

@@ -46,6 +46,12 @@ void TimelineRecord(const Request& r, bool ok) {
                            r.t_start ? r.t_start : r.t_ready, end, ok});
 }
 
+void TimelineStop() {
+  g_timeline_on = false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_events.clear();
+}
+
 std::string TimelineDump(const std::string& path, int rank) {
   std::vector<Event> events;
   {

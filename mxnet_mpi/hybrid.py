@@ -47,8 +47,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native
-from .collectives import Call, Stream, allreduce_, token_call
+from . import _native, ops
+from .collectives import Call, Stream, token_call
 from .errors import MPIKVStoreError
 from .keys import check_key as _check_key
 from .kvstore import (
@@ -109,7 +109,7 @@ def _env_positive_int(name: str, raw: str) -> int:
 def _world_sum(world: Communicator, values: list) -> np.ndarray:
     """Blocking sum of small int64 `values` over the world (construction-time checks)."""
     arr = mx.nd.array(np.asarray(values, dtype=np.int64), dtype="int64")
-    allreduce_(arr, arr, world, name="mpi_hybrid:check")
+    ops.allreduce_(arr, name="mpi_hybrid:check", comm=world)
     return arr.asnumpy()
 
 

@@ -4,7 +4,8 @@ Set ``MXNET_MPI_TIMELINE=trace.json``: each rank records, per collective, when
 it was pushed, when its inputs became ready, and when MPI ran it, and writes
 ``trace.rank<R>.json`` when MPI is finalised (or call ``dump``). Timestamps use
 the clock of MXNet's profiler (microseconds since the epoch), so ``merge``
-can put both traces on one time axis.
+can put both traces on one time axis. ``start``/``stop`` record at run time
+(``mxnet_mpi.horovod.start_timeline`` uses them).
 """
 
 from __future__ import annotations
@@ -31,12 +32,21 @@ def start() -> None:
     LIB.mxmpi_timeline_start()
 
 
-def dump(path: str, rank: int) -> str:
-    """Write this rank's events so far; returns the file written."""
-    out = rank_path(path, rank)
+def stop() -> None:
+    """Stop recording and forget the events recorded so far."""
+    LIB.mxmpi_timeline_stop()
+
+
+def write(out: str, rank: int) -> str:
+    """Write this rank's events so far to the file `out`; returns it."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     check(LIB.mxmpi_timeline_dump(out.encode(), rank))
     return out
+
+
+def dump(path: str, rank: int) -> str:
+    """Write this rank's events so far to rank_path(path, rank); returns the file."""
+    return write(rank_path(path, rank), rank)
 
 
 def requested() -> str | None:

@@ -19,7 +19,7 @@ def checks(out: str) -> list:
 def test_ops_exact(store, np_):
     proc = run_pooled("ops_exact.py", np_, store, timeout=120)
     found = checks(proc.stdout)
-    expected = 16 + (4 if store != "free" else 0)
+    expected = 21 + (5 if store != "free" else 0)
     assert len(found) == np_ * expected, proc.stdout
     assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]
     assert proc.stdout.count("done") == np_

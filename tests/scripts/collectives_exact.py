@@ -395,19 +395,17 @@ def sec_lowlevel(res: Results) -> None:
     for dtype in DTYPES:
         c = next_case()
         src = nd(data(c, RANK, 0, (6,), dtype))
-        dst = zeros_like_np((6,), dtype)
-        mxnet_mpi.allreduce_(src, dst, w, priority=3, name="ll-%d" % c)
-        res.equal(dst, total(c, SIZE, 1, (6,), dtype), "allreduce_ " + dtype)
-        res.equal(src, data(c, RANK, 0, (6,), dtype), "allreduce_ src unchanged " + dtype)
-        mxnet_mpi.allreduce_(src, src, w)
+        dst = mxnet_mpi.ops.allreduce(src, priority=3, name="ll-%d" % c, comm=w)
+        res.equal(dst, total(c, SIZE, 1, (6,), dtype), "allreduce " + dtype)
+        res.equal(src, data(c, RANK, 0, (6,), dtype), "allreduce src unchanged " + dtype)
+        mxnet_mpi.allreduce_(src, comm=w)
         res.equal(src, total(c, SIZE, 1, (6,), dtype), "allreduce_ in place " + dtype)
         root = SIZE - 1  # a root other than 0 where there is one
         c = next_case()
         src = nd(data(c, RANK, 0, (6,), dtype))
-        dst = zeros_like_np((6,), dtype)
-        mxnet_mpi.broadcast_(src, dst, w, root=root)
-        res.equal(dst, data(c, root, 0, (6,), dtype), "broadcast_ root %d %s" % (root, dtype))
-        mxnet_mpi.broadcast_(src, src, w, root=root)
+        dst = mxnet_mpi.ops.broadcast(src, root, comm=w)
+        res.equal(dst, data(c, root, 0, (6,), dtype), "broadcast root %d %s" % (root, dtype))
+        mxnet_mpi.broadcast_(src, root, comm=w)
         res.equal(src, data(c, root, 0, (6,), dtype), "broadcast_ in place " + dtype)
     # many low-level ops pushed without waiting (a chained stream per communicator)
     checks = []
@@ -415,10 +413,10 @@ def sec_lowlevel(res: Results) -> None:
         c = next_case()
         a = nd(data(c, RANK, 0, (i + 1,), "float32"))
         if i % 3 == 2:
-            mxnet_mpi.broadcast_(a, a, w, root=i % SIZE)
+            mxnet_mpi.broadcast_(a, i % SIZE, comm=w)
             checks.append((a, data(c, i % SIZE, 0, (i + 1,), "float32")))
         else:
-            mxnet_mpi.allreduce_(a, a, w, priority=i)
+            mxnet_mpi.allreduce_(a, priority=i, comm=w)
             checks.append((a, total(c, SIZE, 1, (i + 1,), "float32")))
     for i, (a, want) in enumerate(checks):
         res.equal(a, want, "chained low-level op %d" % i)
@@ -427,7 +425,7 @@ def sec_lowlevel(res: Results) -> None:
     res.check((dup.rank, dup.size) == (RANK, SIZE), "dup() %r" % (dup,))
     c = next_case()
     a = nd(data(c, RANK, 0, (4,), "int64"))
-    mxnet_mpi.allreduce_(a, a, dup)
+    mxnet_mpi.allreduce_(a, comm=dup)
     res.equal(a, total(c, SIZE, 1, (4,), "int64"), "allreduce_ over dup()")
     half = w.split(RANK % 2)
     members = [r for r in range(SIZE) if r % 2 == RANK % 2]
@@ -435,9 +433,20 @@ def sec_lowlevel(res: Results) -> None:
               and half.rank == members.index(RANK), "split() %r" % (half,))
     c = next_case()
     a = nd(data(c, RANK, 0, (4,), "int32"))
-    mxnet_mpi.allreduce_(a, a, half)
+    mxnet_mpi.allreduce_(a, comm=half)
     want = sum(data(c, r, 0, (4,), "int32").astype(np.int64) for r in members).astype("int32")
     res.equal(a, want, "allreduce_ over split()")
+    # one collective API: the old (src, dst, comm) spelling is a clear error
+    for old in (lambda a: mxnet_mpi.allreduce_(a, a, w), lambda a: mxnet_mpi.broadcast_(a, a, w)):
+        try:
+            old(nd(np.ones(2, np.float32)))
+            res.check(False, "the old (src, dst, comm) spelling was accepted")
+        except mxnet_mpi.MPIKVStoreError as exc:
+            res.check("(tensor, comm=comm)" in str(exc), "old spelling: %s" % exc)
+    c = next_case()
+    a = nd(data(c, RANK, 0, (3,), "float32"))
+    mxnet_mpi.allreduce_(a, comm=w)
+    res.equal(a, total(c, SIZE, 1, (3,), "float32"), "exact after the old spelling")
     none = w.split(-1)
     res.check(none is None, "split(-1) should give None, got %r" % (none,))
     mx.nd.waitall()

@@ -39,7 +39,7 @@ kv.init(0, w)
 kv.pushpull(0, mx.nd.ones((4,)), out=w)     # through the server: sum over all ranks
 total = w.asnumpy().tolist()
 barrier = mx.nd.ones((1,))
-mxnet_mpi.allreduce_(barrier, barrier, mxnet_mpi.world())
+mxnet_mpi.allreduce_(barrier)
 barrier.asnumpy()   # every rank got here: ps-lite is up and in use everywhere
 print("READY rank %d pid %d ps_worker %s sum %s" % (rank, os.getpid(), kv.is_ps_worker, total),
       flush=True)

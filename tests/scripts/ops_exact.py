@@ -64,6 +64,33 @@ for dtype in ("float32", "float64", "int32"):
 y = mx.nd.array(data(R, (5,)))
 check("allreduce_average", np.allclose(ops.allreduce(y, average=True, store=store).asnumpy(),
                                        sum(data(r, (5,)) for r in range(N)) / N, rtol=1e-6))
+
+
+def small(r, dtype, n=7):
+    """Values whose products over 3 ranks are exact in every dtype."""
+    v = (np.arange(n) * (r + 2) + r) % 5
+    return (v if dtype == "uint8" else v - 2).astype(dtype)
+
+
+REDUCE = {"min": np.minimum, "max": np.maximum, "product": np.multiply}
+for dtype in ("float32", "float16", "int32", "uint8"):
+    bad = []
+    for op, fn in REDUCE.items():
+        want = small(0, dtype)
+        for r in range(1, N):
+            want = fn(want, small(r, dtype))
+        got = ops.allreduce(mx.nd.array(small(R, dtype), dtype=dtype), op=op, store=store)
+        inplace = mx.nd.array(small(R, dtype), dtype=dtype)
+        ops.allreduce_(inplace, op=op, store=store)
+        if not (np.array_equal(got.asnumpy(), want) and np.array_equal(inplace.asnumpy(), want)
+                and got.dtype == np.dtype(dtype)):
+            bad.append("%s: %s vs %s" % (op, got.asnumpy(), want))
+    check("allreduce_min_max_product_" + dtype, not bad, "; ".join(bad))
+try:
+    ops.allreduce(mx.nd.ones((2,)), op="mean", store=store)
+    check("unknown_op_refused", False, "accepted")
+except mxnet_mpi.MPIKVStoreError as exc:
+    check("unknown_op_refused", "min" in str(exc), str(exc)[:120])
 group = [mx.nd.array(data(R, s, salt=i)) for i, s in enumerate([(2,), (3, 3), (1,)])]
 outs = ops.grouped_allreduce(group, store=store)
 check("grouped_allreduce", all(np.array_equal(o.asnumpy(), sum(data(r, s, salt=i)
@@ -93,6 +120,22 @@ total = sum(data(r, (2 * N + 1, 2)) for r in range(N))
 start = 2 * R + (1 if R > 0 else 0)
 check("reduce_scatter", np.array_equal(rs.asnumpy(), total[start:start + (3 if R == 0 else 2)]),
       str(rs.shape))
+if store is not None:
+    # a rank that has joined stands in with the identity of min, max and product
+    if R == N - 1:
+        check("joined_identity", isinstance(store.join(), int))
+    else:
+        vals = [mx.nd.array(small(R, "float32")) for _ in REDUCE]
+        outs = [ops.allreduce(v, op=op, store=store) for v, op in zip(vals, REDUCE)]
+        store.join()
+        bad = []
+        for out, (op, fn) in zip(outs, REDUCE.items()):
+            want = small(0, "float32")
+            for r in range(1, N - 1):
+                want = fn(want, small(r, "float32"))
+            if not np.array_equal(out.asnumpy(), want):
+                bad.append("%s: %s vs %s" % (op, out.asnumpy(), want))
+        check("joined_identity", not bad, "; ".join(bad))
 # fp16 compression through Trainer(compression_params=...): fp16-rounded sums
 if store is not None:
     kv16 = mx.kv.create("mpi_" + which)

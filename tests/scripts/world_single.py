@@ -33,7 +33,7 @@ def observe() -> dict:
         p = mx.nd.zeros((3, 4), dtype=dtype)
         kv.pull("init-" + dtype, out=p)
         d = mx.nd.array(x, dtype=dtype)
-        mxnet_mpi.allreduce_(d, d, w)
+        mxnet_mpi.allreduce_(d, comm=w)
         for what, got in (("pushpull", a), ("pushpull out", o), ("broadcast", b),
                           ("init/pull", p), ("allreduce_", d)):
             got = got.asnumpy()
