@@ -15,7 +15,8 @@ import sys
 
 import numpy as np
 import pytest
-from mpirun import mpi_env, run_mpi, run_single
+from mpirun import mpi_env, run_mpi
+from pool import run_pooled
 
 # The public names of horovod.mxnet 0.28.1: what `dir(horovod.mxnet)` shows
 # without a leading "_" (from horovod/mxnet/__init__.py, which has no __all__,
@@ -101,8 +102,8 @@ def test_api_on_ranks(tmp_path, np_):
                                          ("fp16", 2e-3)])
 def test_mnist_example_matches_one_process(tmp_path, variant, tol):
     opts = {"trainer": [], "optimizer": ["--optimizer"], "fp16": ["--fp16"]}[variant]
-    run_mpi("hvd_mnist.py", 2, str(tmp_path), *opts, timeout=180)
-    run_single("hvd_mnist.py", str(tmp_path), "--reference", "2", timeout=180)
+    run_pooled("hvd_mnist.py", 2, str(tmp_path), *opts, timeout=180)
+    run_pooled("hvd_mnist.py", 1, str(tmp_path), "--reference", "2", timeout=180)
     r0, r1, ref = (dict(np.load(tmp_path / f)) for f in ("rank0.npz", "rank1.npz", "ref.npz"))
     assert sorted(r0) == sorted(ref) and len(ref) == 8
     for k in ref:
