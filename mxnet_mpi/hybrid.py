@@ -48,7 +48,6 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import _native
-from .batch_sizes import BatchSizes
 from .collectives import Call, Stream, allreduce_, token_call
 from .errors import MPIKVStoreError
 from .keys import check_key as _check_key
@@ -645,13 +644,9 @@ class HybridKVStore(MPIKVStore):
                               "'%s'; like MXNet's dist stores it cannot load them" % self.type)
 
     # ------------------------------------------------------------ Gluon glue
-    def batch_agreement(self, batch_size, what: str | None = None):
-        """As MPIKVStore's, over the whole world (every group's ranks)."""
-        self._usable()
-        if self._batch_sizes is None:
-            self._batch_sizes = BatchSizes()
-        return self._batch_sizes.push(self._world_stream, batch_size,
-                                      what.encode() if what else self._context)
+    def _workers_stream(self):
+        """The world's: batch sizes are summed over every group's ranks."""
+        return self._world_stream
 
     def sync_initial_params(self, params) -> None:
         """World rank 0's initial weights into every rank and the servers; deferred

@@ -551,14 +551,18 @@ class MPIKVStore(KVStoreBase):
             self._keys.set_name(key, name)
 
     def batch_agreement(self, batch_size, what: str | None = None) -> BatchSizes:
-        """Push the allreduce of this rank's `batch_size` over the store's ranks
-        (collective); read the result with .mean() or .total() (docs/store.md,
-        "Batch sizes")."""
+        """Push the allreduce of this rank's `batch_size` over every worker of
+        the store (collective); read the result with .mean() or .total()
+        (docs/store.md, "Batch sizes")."""
         self._usable()
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
-        return self._batch_sizes.push(self._stream, batch_size,
+        return self._batch_sizes.push(self._workers_stream(), batch_size,
                                       what.encode() if what else self._context)
+
+    def _workers_stream(self):
+        """The stream over every worker (num_workers) of the store."""
+        return self._stream
 
     def sync_initial_params(self, params: Sequence) -> None:
         """Broadcast initial values of Gluon `params` from rank 0 now, and of

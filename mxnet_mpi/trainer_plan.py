@@ -11,8 +11,8 @@ A step that passes its batch size (``Trainer.step``) pushes a second variant
 of the plan that also sums the ranks' batch sizes (batch_sizes.py): as one
 more part of the first collective of the last layer (ready first) when that
 collective can carry it exactly and cheaply, else as a collective of its own
-pushed first. Either way the step makes no extra engine op, and Python waits
-for the sum no longer than for the last layer's gradient.
+pushed first; either way in the step's one native call. Python waits for the
+sum (Trainer._update) before it pushes the optimizer's ops.
 """
 
 from __future__ import annotations
