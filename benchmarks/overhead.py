@@ -16,6 +16,18 @@ trainer   Python-thread time of one Trainer gradient reduction (what
           trainer.step issues) for resnet50_v1b's 161 gradients: the prebuilt
           plan (one native call) against the per-key path (one pushpull per
           gradient, as the stores did before), in the same job.
+step      wall time per training step (forward, backward, trainer.step; no
+          read of the loss, so Python may run ahead, and for the MLP also a
+          loop that reads its loss every step) with the batch-size rule
+          (trainer.step: the sum of the ranks' batch sizes rides on the last
+          layer's gradients and Python waits for it before pushing the
+          updates) against the step without it (each rank divides by its own
+          batch size: rescale_grad set locally, the plan pushed without the
+          batch sizes), in one job: each round runs both back to back (order
+          alternating), the ratio is the median of the rounds' ratios (robust
+          to load that changes between rounds); a small MLP (Python-bound, the
+          worst case for a wait) in every mode and resnet18_v1 in the default
+          mode.
 fusion    one step's allreduce of resnet50_v1b's gradients (no compute): time
           and collectives with fusion (default) and without
           (MXNET_MPI_FUSION_BYTES=0), over shared memory and over TCP.
@@ -48,7 +60,7 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no 64 MB")
-    ap.add_argument("--parts", default="calls,trainer,fusion,idle")
+    ap.add_argument("--parts", default="calls,trainer,step,fusion,idle")
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--outdir", default=str(HERE / "results"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -164,6 +176,82 @@ def worker_trainer(args) -> dict:
     return res
 
 
+def _step_model(mx, which: str):
+    """(net, input shape, classes) for the step part."""
+    if which.startswith("mlp"):
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(256, activation="relu"),
+                mx.gluon.nn.Dense(256, activation="relu"), mx.gluon.nn.Dense(10))
+        return net, (32, 64), 10
+    from gluoncv.model_zoo import get_model
+    return get_model("resnet18_v1", classes=10), (8, 3, 32, 32), 10
+
+
+def _time_steps(mx, comm, which: str, mode: str, quick: bool) -> dict:
+    """Median ms per step with and without the batch-size rule, and the median
+    of the per-round ratios (each round times both, back to back)."""
+    net, shape, classes = _step_model(mx, which)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+                               {"learning_rate": 0.01, "momentum": 0.9}, kvstore="mpi_" + mode)
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    x = mx.nd.random.uniform(shape=shape)
+    y = mx.nd.array([i % classes for i in range(shape[0])])
+    b = shape[0]
+
+    def with_rule():
+        trainer.step(b)
+
+    def without_rule():   # each rank divides by its own batch size
+        trainer._optimizer.rescale_grad = trainer._scale / b
+        trainer._allreduce_grads()
+        trainer._update()
+
+    def run(step_fn, n: int) -> float:
+        comm.Barrier()
+        t = time.perf_counter()
+        for _ in range(n):
+            with mx.autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            step_fn()
+            if which == "mlp+read":
+                loss.mean().asscalar()   # as metric and logging code does
+        mx.nd.waitall()
+        return (time.perf_counter() - t) / n
+
+    n = 20 if which.startswith("mlp") else 3
+    run(with_rule, 3)
+    run(without_rule, 3)
+    times: dict = {"rule": [], "no_rule": []}
+    order = (("rule", with_rule), ("no_rule", without_rule))
+    for r in range(5 if quick else 21):
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
+            times[name].append(run(fn, n))
+    ratios = [a / b for a, b in zip(times["rule"], times["no_rule"])]
+    out = {k: _median(v) * 1e3 for k, v in times.items()}
+    out["ratio"] = _median(ratios)
+    return out
+
+
+def worker_step(args) -> dict:
+    import mxnet as mx
+    from mpi4py import MPI
+
+    import mxnet_mpi
+    mode = args.worker.split(":")[1]
+    models = ("mlp", "mlp+read") + (("resnet18_v1",) if mode == modes_default() else ())
+    out = {which: _time_steps(mx, MPI.COMM_WORLD, which, mode, args.quick) for which in models}
+    mxnet_mpi.finalize()
+    return out
+
+
+def modes_default() -> str:
+    import mxnet_mpi.modes as modes_mod
+    return modes_mod.DEFAULT_MODE
+
+
 def worker_fusion(args) -> dict:
     import mxnet as mx
     from mpi4py import MPI
@@ -212,8 +300,8 @@ def worker_idle(args) -> dict:
     return {"cpu_pct": 100.0 * cpu / args.idle_s, "compute_s": compute}
 
 
-WORKERS = {"calls": worker_calls, "trainer": worker_trainer, "fusion": worker_fusion,
-           "idle": worker_idle}
+WORKERS = {"calls": worker_calls, "trainer": worker_trainer, "step": worker_step,
+           "fusion": worker_fusion, "idle": worker_idle}
 
 
 # ---------------------------------------------------------------- driver
@@ -286,6 +374,19 @@ def main() -> None:
                   "unit": "ms"},
                  {"part": "trainer", "bytes": "", "what": "per_key",
                   "value": round(r["per_key_ms"], 3), "unit": "ms"}]
+    if "step" in parts:
+        print("\ntraining step wall time (ms, median of rounds, %d ranks, equal batch sizes): "
+              "batch-size rule vs each rank dividing by its own" % args.np)
+        print("(ratio: the median of the rounds' ratios, each round timing both)")
+        print("%-12s %-12s %10s %10s %8s" % ("model", "mode", "rule", "no rule", "ratio"))
+        for mode in MODES:
+            res = run_job(args, "step:" + mode, args.np)
+            for which, r in res.items():
+                print("%-12s %-12s %10.2f %10.2f %7.3fx" % (which, mode, r["rule"],
+                                                           r["no_rule"], r["ratio"]))
+                rows += [{"part": "step", "bytes": which, "what": "%s %s" % (mode, k),
+                          "value": round(v, 3), "unit": "x" if k == "ratio" else "ms"}
+                         for k, v in r.items()]
     if "fusion" in parts:
         print("\nresnet50_v1b gradient allreduce per step (no compute), %d ranks" % args.np)
         print("%-10s %-12s %-10s %12s %12s" % ("transport", "mode", "fusion", "ms/step",

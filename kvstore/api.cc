@@ -339,11 +339,13 @@ MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t f
   return err.empty() ? 0 : Fail(err);
 }
 
-MXMPI_API int mxmpi_store_push(int store, const CallDesc* calls, int n, int sync, int* failed) {
+// `context`: what the calls are for, printed in their messages (NULL: none).
+MXMPI_API int mxmpi_store_push(int store, const CallDesc* calls, int n, int sync, int* failed,
+                               const char* context) {
   MXMPI_GUARD();
   auto s = StoreById(store);
   if (!s || s->closed()) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
-  const std::string err = PushCalls(s, calls, n, sync != 0, failed);
+  const std::string err = PushCalls(s, calls, n, sync != 0, failed, context);
   return err.empty() ? 0 : Fail(err);
 }
 

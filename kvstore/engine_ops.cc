@@ -52,7 +52,7 @@ struct OpParam {
 };
 
 void SubmitToken(const std::shared_ptr<Store>& store, Lane* lane, Request r) {
-  r.flight = FlightBegin(FlightKind::kCollective, store->id(), r.seq, r.desc);
+  r.flight = FlightBegin(FlightKind::kCollective, store->id(), r.seq, r.desc, Where(r));
   r.done = nullptr;
   store->Ready(lane, std::move(r));
 }
@@ -97,7 +97,7 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
     r.parts.back().out = data;
   }
   r.keep = keep;
-  r.flight = FlightBegin(FlightKind::kCollective, param.store->id(), r.seq, r.desc);
+  r.flight = FlightBegin(FlightKind::kCollective, param.store->id(), r.seq, r.desc, Where(r));
   auto cb = *static_cast<mxnet::engine::CallbackOnComplete*>(on_complete);
   std::shared_ptr<std::promise<void>> done;
   if (param.sync) done = std::make_shared<std::promise<void>>();
@@ -170,15 +170,16 @@ std::string Validate(const Store& store, const CallDesc& c,
   const OpKind op = static_cast<OpKind>(c.op);
   if (DTypeSize(c.dtype) == 0) return "mxnet_mpi: unsupported dtype code " + std::to_string(c.dtype);
   if (c.nparts < 1) return "mxnet_mpi: a collective needs at least one array";
+  // The arrays as errors name them: the parameter too when Python knows it.
+  std::string label = c.label ? c.label : "array";
+  if (c.name && *c.name) label = std::string(c.name) + " (" + label + ")";
   if ((c.flags & kAverage) && !IsFloat(c.dtype))
-    return std::string(c.label) + ": averaging needs floating-point arrays, got " +
-           DTypeName(c.dtype);
+    return label + ": averaging needs floating-point arrays, got " + DTypeName(c.dtype);
   const int kinds = c.flags & (kAverage | kNotSum);
   if (kinds & (kinds - 1))
-    return std::string(c.label) + ": give one reduction (average, min, max or product)";
+    return label + ": give one reduction (average, min, max or product)";
   if ((c.flags & kNotSum) && (op != OpKind::kAllreduce || (c.flags & kCompressFp16)))
-    return std::string(c.label) + ": min, max and product are for uncompressed allreduces";
-  const std::string label = c.label ? c.label : "array";
+    return label + ": min, max and product are for uncompressed allreduces";
   const bool many = c.nparts > 1;
   std::set<const void*> write_vars;
   plan->in_place.assign(c.nparts, false);
@@ -273,6 +274,7 @@ Request Proto(const CallDesc& c, const std::vector<std::vector<int64_t>>& shapes
   r.flags = c.flags;
   r.priority = c.priority;
   r.desc = c.desc ? c.desc : "";
+  if (c.name) r.name = c.name;
   r.row = std::max<int64_t>(1, c.row);
   if (c.splits) r.splits.assign(c.splits, c.splits + c.nsplits);
   for (const auto& shape : shapes) {
@@ -296,9 +298,12 @@ void FreeChainVar() {
 }
 
 std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls, int n,
-                      bool sync, int* failed) {
+                      bool sync, int* failed, const char* context) {
   std::string first;
   *failed = -1;
+  // One copy per push, shared by its calls (a Trainer step pushes ~100 at once).
+  const std::shared_ptr<const std::string> ctx_text =
+      context && *context ? std::make_shared<const std::string>(context) : nullptr;
   static const mxnet::Context ctx = mxnet::Context::CPU(0);
   // Prioritised CPU ops run on their own small thread pool, so a hand-over is
   // never stuck behind a long compute op on the normal CPU worker.
@@ -312,6 +317,7 @@ std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls
     NDArrayHandle chain = nullptr;
     if (err.empty() && chained) chain = ChainVar(&err);
     Request proto = Proto(c, shapes);
+    proto.context = ctx_text;
     if (err.empty() && (proto.op == OpKind::kAllgather || proto.op == OpKind::kAlltoall))
       for (int k = 0; k < c.nparts; ++k) proto.parts[k].out_count = SizeOf(c.outs[k]);
     proto.sig = Signature(proto);

@@ -27,13 +27,17 @@ struct CallDesc {
   int64_t nsplits;
   int64_t row;            // elements per first-dimension row
   NDArrayHandle aux;      // alltoall: received splits (int32, one per rank), or NULL
+  const char* name;       // printed in messages, never agreed on ("parameter 'dense0_weight'");
+                          // NULL or "": none
 };
 
 // Pushes `n` calls in order; each takes its place in the store's sequence.
 // A call that fails validation becomes a token (its peers learn why) and the
 // first such error is returned with its index; the others are pushed anyway.
+// `context` (NULL: none) says what the calls are for ("Trainer.step 7:
+// gradient allreduce"); messages print it, ranks do not agree on it.
 std::string PushCalls(const std::shared_ptr<Store>& store, const CallDesc* calls, int n,
-                      bool sync, int* failed);
+                      bool sync, int* failed, const char* context);
 
 // Set once finalize begins: ops the engine skips from now on are shutdown
 // noise, not collectives peers wait for.

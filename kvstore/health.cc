@@ -34,6 +34,7 @@ struct Flight {
   int store;
   uint64_t seq;
   std::string desc;
+  std::string where;
   Clock::time_point since;
 };
 
@@ -78,6 +79,7 @@ bool MembersOf(int store, Members* out) {
 // ---------------------------------------------------------------- heartbeats
 constexpr int kTag = 7;
 constexpr int kDescLen = 152;
+constexpr int kWhereLen = 200;
 constexpr int kMaxFinals = 16;
 
 enum State : int32_t { kRunning = 0, kFinishing = 1 };
@@ -89,6 +91,7 @@ struct Status {
   double age;
   int32_t pid, pad;
   char desc[kDescLen];
+  char where[kWhereLen];
   int64_t finals[kMaxFinals][3];  // (store id, collectives issued, joins completed)
 };
 
@@ -123,6 +126,7 @@ Status Mine() {
     s.seq = static_cast<int64_t>(f.seq);
     s.age = Seconds(Clock::now() - f.since);
     std::strncpy(s.desc, f.desc.c_str(), kDescLen - 1);
+    std::strncpy(s.where, f.where.c_str(), kWhereLen - 1);
   }
   std::lock_guard<std::mutex> lock(g_finals_mu);
   s.state = g_finishing ? kFinishing : kRunning;
@@ -180,7 +184,8 @@ std::string Where(const Flight& f, const Members& m) {
   if (f.kind == FlightKind::kJoin) {
     os << "join() on store '" << m.name << "'";
   } else {
-    os << "'" << f.desc << "' (collective #" << f.seq << " of store '" << m.name << "')";
+    os << "'" << f.desc << "'" << f.where << " (collective #" << f.seq << " of store '"
+       << m.name << "')";
   }
   return os.str();
 }
@@ -213,7 +218,7 @@ std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& pe
     } else if (s.waiting && s.kind == static_cast<int32_t>(FlightKind::kJoin)) {
       missing << "alive, has joined (ran out of data) and waits for the others";
     } else if (s.waiting) {
-      missing << "alive, waiting on '" << s.desc << "'";
+      missing << "alive, waiting on '" << s.desc << "'" << s.where;
       if (s.kind == static_cast<int32_t>(FlightKind::kCollective)) missing << " (#" << s.seq << ")";
       missing << " for " << static_cast<int>(s.age) << " s";
     } else {
@@ -278,7 +283,7 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
              "layer; several CPU contexts share MXNet's MXNET_CPU_TEMP_COPY temp spaces, and too "
              "few of them deadlock the devices: see the README's SyncBatchNorm section)";
   }
-  const std::string what = known ? Where(f, m) : "'" + f.desc + "'";
+  const std::string what = known ? Where(f, m) : "'" + f.desc + "'" + f.where;
   if (age >= o.abort_s) {
     std::ostringstream os;
     os << (f.kind == FlightKind::kCollective ? "collective " : "") << what << " has waited "
@@ -373,10 +378,11 @@ void Loop() {
 
 }  // namespace
 
-uint64_t FlightBegin(FlightKind kind, int store, uint64_t seq, const std::string& desc) {
+uint64_t FlightBegin(FlightKind kind, int store, uint64_t seq, const std::string& desc,
+                     const std::string& where) {
   std::lock_guard<std::mutex> lock(g_flight_mu);
   const uint64_t id = g_next_flight++;
-  g_flights.emplace(id, Flight{kind, store, seq, desc, Clock::now()});
+  g_flights.emplace(id, Flight{kind, store, seq, desc, where, Clock::now()});
   return id;
 }
 

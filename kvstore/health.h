@@ -29,7 +29,10 @@ enum class FlightKind : int {
   kServer = 2,      // a parameter-server request (hybrid stores)
   kLocal = 3,       // a held write: this rank's devices' parts and their sum over ranks
 };
-uint64_t FlightBegin(FlightKind kind, int store, uint64_t seq, const std::string& desc);
+// `desc` is quoted in messages; `where` follows it as it is (request.h
+// Where(): the parameter and what the push was for).
+uint64_t FlightBegin(FlightKind kind, int store, uint64_t seq, const std::string& desc,
+                     const std::string& where = "");
 void FlightTouch(uint64_t id);  // progress: the wait starts afresh
 void FlightEnd(uint64_t id);
 

@@ -325,6 +325,7 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
     int64_t seq, count;
     int32_t token, joined;
     char desc[200];
+    char where[240];   // Where(): the parameter and the push, as this rank names them
     char reason[440];
   };
   Record mine{};
@@ -336,6 +337,7 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
     mine.count = r.Count();
     mine.token = r.token.empty() ? 0 : 1;
     std::strncpy(mine.desc, r.desc.c_str(), sizeof(mine.desc) - 1);
+    std::strncpy(mine.where, Where(r).c_str(), sizeof(mine.where) - 1);
     std::strncpy(mine.reason, r.token.c_str(), sizeof(mine.reason) - 1);
   }
   std::vector<Record> all(size_);
@@ -353,7 +355,7 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
   for (int i = 0; i < size_; ++i) {
     if (!all[i].token) continue;
     os << (any_token ? "; " : "") << "rank " << i << " could not take part in collective #"
-       << all[i].seq << " " << Quote(all[i].desc) << " of store '" << cfg_.store
+       << all[i].seq << " " << Quote(all[i].desc) << all[i].where << " of store '" << cfg_.store
        << "': " << all[i].reason;
     any_token = true;
   }
@@ -366,7 +368,7 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
     for (int i = 0; i < size_; ++i) {
       if (all[i].joined) continue;
       os << (first ? "" : "; ") << "rank " << i << " runs #" << all[i].seq << " "
-         << Quote(all[i].desc) << " (" << all[i].count << " elements)";
+         << Quote(all[i].desc) << " (" << all[i].count << " elements)" << all[i].where;
       first = false;
     }
   }

@@ -37,6 +37,13 @@ int DTypeSize(int dtype) {
 
 bool IsFloat(int dtype) { return dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16; }
 
+std::string Where(const Request& r) {
+  std::string out;
+  if (!r.name.empty()) out += " for " + r.name;
+  if (r.context && !r.context->empty()) out += " [" + *r.context + "]";
+  return out;
+}
+
 uint64_t Hash(const void* data, size_t n, uint64_t h) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;

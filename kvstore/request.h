@@ -63,6 +63,9 @@ struct Request {
   int64_t row = 1;                 // elements per first-dimension row
   std::vector<int64_t> splits;     // alltoall: rows sent to each rank
   std::string desc;                // "allreduce key=3 shape=(2,) float32"
+  // Printed only, never agreed on (ranks may name the same array differently):
+  std::string name;                          // "parameter 'dense0_weight'", or ""
+  std::shared_ptr<const std::string> context;  // "Trainer.step 7: gradient allreduce"
   uint64_t sig = 0;                // hash ranks compare (desc, sizes, op, dtype...)
   std::string token;               // non-empty: this rank cannot take part (why)
   std::shared_ptr<void> keep;      // buffers that must outlive the MPI calls
@@ -78,6 +81,10 @@ struct Request {
   }
   int64_t Bytes() const { return Count() * DTypeSize(dtype); }
 };
+
+// What messages add after the quoted description: " for <name> [<context>]"
+// (each part only when known).
+std::string Where(const Request& r);
 
 // 64-bit FNV-1a, chained: what ranks compare to agree on a collective.
 uint64_t Hash(const void* data, size_t n, uint64_t h = 1469598103934665603ull);

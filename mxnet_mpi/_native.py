@@ -44,7 +44,7 @@ class CallDesc(ctypes.Structure):
         ("shapes", ctypes.POINTER(ctypes.c_int64)),
         ("desc", ctypes.c_char_p), ("label", ctypes.c_char_p), ("token", ctypes.c_char_p),
         ("splits", ctypes.POINTER(ctypes.c_int64)), ("nsplits", ctypes.c_int64),
-        ("row", ctypes.c_int64), ("aux", NDArrayHandle),
+        ("row", ctypes.c_int64), ("aux", NDArrayHandle), ("name", ctypes.c_char_p),
     ]
 
 
@@ -69,7 +69,7 @@ def _load() -> ctypes.CDLL:
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_free.argtypes = [i]
     lib.mxmpi_store_create.argtypes = [i, i, ctypes.c_char_p, i64, i64, i64, i, i, pi]
-    lib.mxmpi_store_push.argtypes = [i, ctypes.POINTER(CallDesc), i, i, pi]
+    lib.mxmpi_store_push.argtypes = [i, ctypes.POINTER(CallDesc), i, i, pi, ctypes.c_char_p]
     lib.mxmpi_store_join.argtypes = [i]
     lib.mxmpi_store_close.argtypes = [i]
     lib.mxmpi_store_info.argtypes = [i, pi64, pi64, pi64]

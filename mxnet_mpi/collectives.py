@@ -74,14 +74,19 @@ def on_host(arr) -> bool:
 # ---------------------------------------------------------------- calls
 class Call:
     """One collective, described for the native library. Holds what its
-    ctypes fields point to, so a Call may be built once and pushed often."""
+    ctypes fields point to, so a Call may be built once and pushed often.
+
+    `desc` is what ranks agree on; `label` names the arrays in this rank's
+    errors ("key 3"); `name`, printed beside both and never agreed on (ranks
+    may name the same array differently), says what they are ("parameter
+    'dense0_weight'")."""
 
     __slots__ = ("desc", "_keep", "arrays")
 
     def __init__(self, op: int, ins: Sequence, outs: Sequence, *, dtype, shapes: Sequence,
                  desc: str, label: str, root: int = 0, priority: int = 0, flags: int = 0,
                  token: str | None = None, splits: Sequence[int] | None = None, row: int = 1,
-                 aux=None) -> None:
+                 aux=None, name: str = "") -> None:
         n = len(shapes)
         handles_in = (NDArrayHandle * max(n, 1))(*[a.handle for a in ins])
         handles_out = (NDArrayHandle * max(n, 1))(*[a.handle for a in outs])
@@ -91,21 +96,24 @@ class Call:
             flat.extend(int(d) for d in shape)
         shape_arr = (ctypes.c_int64 * max(len(flat), 1))(*flat)
         split_arr = (ctypes.c_int64 * len(splits))(*splits) if splits is not None else None
-        texts = [desc.encode(), label.encode(), token.encode() if token else None]
+        texts = [desc.encode(), label.encode(), token.encode() if token else None,
+                 name.encode() if name else None]
         self.desc = CallDesc(
             op, DTYPE_CODES.get(np.dtype(dtype), 0), root, priority, flags, n, handles_in,
             handles_out, shape_arr, texts[0], texts[1], texts[2],
             split_arr, len(splits) if splits is not None else 0, int(row),
-            aux.handle if aux is not None else None)
+            aux.handle if aux is not None else None, texts[3])
         self._keep = (handles_in, handles_out, shape_arr, split_arr, texts)
         # The arrays must stay alive until the push (the engine then holds them).
         self.arrays = (tuple(ins), tuple(outs), aux)
 
 
-def token_call(op: int, dtype, shapes: Sequence, desc: str, label: str, reason: str) -> Call:
+def token_call(op: int, dtype, shapes: Sequence, desc: str, label: str, reason: str,
+               name: str = "") -> Call:
     """A collective this rank cannot take part in (with why): its peers fail
     the same collective with that reason, and the sequence stays paired."""
-    return Call(op, [], [], dtype=dtype, shapes=shapes, desc=desc, label=label, token=reason)
+    return Call(op, [], [], dtype=dtype, shapes=shapes, desc=desc, label=label, token=reason,
+                name=name)
 
 
 class Stream:
@@ -132,18 +140,21 @@ class Stream:
         self.id = out.value
         self._closed = False
 
-    def push(self, calls: Sequence[Call]) -> None:
+    def push(self, calls: Sequence[Call], context: bytes | None = None) -> None:
         """Push `calls` in order; raise MPIKVStoreError for the first that failed
-        validation (it and every other still took its place in the sequence)."""
+        validation (it and every other still took its place in the sequence).
+        `context` says what they are for ("Trainer.step 7: gradient
+        allreduce"): their messages print it, ranks do not agree on it."""
         if len(calls) == 1:
             array = ctypes.pointer(calls[0].desc)
         else:
             array = (CallDesc * len(calls))(*[c.desc for c in calls])
-        self.push_raw(array, len(calls))
+        self.push_raw(array, len(calls), context)
 
-    def push_raw(self, array, n: int) -> None:
+    def push_raw(self, array, n: int, context: bytes | None = None) -> None:
         """Push a prebuilt ctypes array (or pointer) of `n` CallDesc."""
-        if LIB.mxmpi_store_push(self.id, array, n, self._sync, self._failed_ref) != 0:
+        if LIB.mxmpi_store_push(self.id, array, n, self._sync, self._failed_ref,
+                                context) != 0:
             require_usable()
             raise MPIKVStoreError(_native.last_error())
 

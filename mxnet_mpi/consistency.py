@@ -123,8 +123,12 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
         return []
     differ = [named[i][0] for i in bad]
     ranks = [r for r in range(table.shape[0]) if table[r, bad[0]] != table[0, bad[0]]]
-    text = ("mxnet_mpi: weights differ across ranks in %d parameter(s); first %r, where rank(s) "
-            "%s differ from rank 0" % (len(differ), differ[0], ", ".join(map(str, ranks))))
+    first = repr(differ[0])
+    keys = getattr(target, "_param2idx", {})   # a Trainer's: its store's keys
+    if differ[0] in keys:
+        first += " (key %d)" % keys[differ[0]]
+    text = ("mxnet_mpi: weights differ across ranks in %d parameter(s); first %s, where rank(s) "
+            "%s differ from rank 0" % (len(differ), first, ", ".join(map(str, ranks))))
     if action == "raise":
         raise MPIKVStoreError(text)
     if action == "broadcast":

@@ -32,7 +32,8 @@ import mxnet as mx
 import numpy as np
 
 from . import ops, timeline
-from .collectives import check_array
+from .batch_sizes import BatchSizes
+from .collectives import check_array, stream_for
 from .errors import MPIKVStoreError
 from .modes import create_stream
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
@@ -855,7 +856,11 @@ class DistributedTrainer(mx.gluon.Trainer):
     by engine-embedded allreduces (one batch of collectives per step) and
     averaged through the trainer's scale (divided by the set's size on every
     rank), as Horovod's DistributedTrainer does. Ranks outside the set step on
-    their own gradients."""
+    their own gradients.
+
+    Unlike Horovod, ranks that pass different batch sizes to one step stay
+    identical: each divides by the mean batch size of the set's ranks
+    (docs/store.md, "Batch sizes"), which is its own when all are equal."""
 
     def __init__(self, params, optimizer, optimizer_params=None,
                  compression=Compression.none, gradient_predivide_factor: float = 1.0,
@@ -878,11 +883,52 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise ValueError("prefix must be a string")
         self._prefix = prefix or ""
         self._num_groups = num_groups
+        self._batch = None          # step()'s batch size, summed in _allreduce_grads
+        self._agreed = None         # their sum, read by _update
+        self._batch_sizes = None
+        self._steps = 0
+
+    def _sum_batch_sizes(self, batch_size, call: str) -> None:
+        # A collective of its own, pushed before the gradients: the free
+        # functions' stream runs in push order, so it completes without waiting
+        # for backprop (a gradient allreduce would make the wait longer).
+        if self._batch_sizes is None:
+            self._batch_sizes = BatchSizes()
+        entry = _where(self._process_set, "DistributedTrainer")
+        self._agreed = self._batch_sizes.push(
+            stream_for(None) if entry is None else entry._stream, batch_size,
+            ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode())
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        self._steps += 1
+        self._batch = batch_size
+        try:
+            super().step(batch_size, ignore_stale_grad)
+        finally:
+            self._batch = self._agreed = None
+
+    def update(self, batch_size, ignore_stale_grad=False):
+        ps = self._process_set
+        if ps.size() > 1 and ps.included():
+            self._sum_batch_sizes(batch_size, "update")
+        try:
+            super().update(batch_size, ignore_stale_grad)
+        finally:
+            self._agreed = None
+
+    def _update(self, ignore_stale_grad=False):
+        if self._agreed is not None:
+            agreed, self._agreed = self._agreed, None
+            self._optimizer.rescale_grad = self._scale / agreed.mean()
+        super()._update(ignore_stale_grad)
 
     def _allreduce_grads(self):
         ps = self._process_set
         if ps.size() == 1 or not ps.included():
             return
+        if self._batch is not None:
+            self._sum_batch_sizes(self._batch, "step")
+            self._batch = None
         pre = 1.0 / self._gradient_predivide_factor
         entries = []
         for i, param in enumerate(self._params):

@@ -345,7 +345,8 @@ class HybridKVStore(MPIKVStore):
         desc = "world broadcast key=%r shape=%s %s" % (key, tuple(arr.shape), np.dtype(arr.dtype))
         self._world_stream.push([Call(_native.BROADCAST, [arr], [arr], dtype=arr.dtype,
                                       shapes=[arr.shape], desc=desc, label="key %r" % (key,),
-                                      priority=priority)])
+                                      priority=priority, name=self._keys.name(key))],
+                                self._context)
 
     # ------------------------------------------------------------ dense path
     def _require_init(self, key, verb: str) -> None:
@@ -402,7 +403,7 @@ class HybridKVStore(MPIKVStore):
                                "%s shape=%s %s" % (internal, tuple(arr.shape),
                                                    np.dtype(arr.dtype)), internal, reason)
         self._usable()
-        self._stream.push([token])
+        self._stream.push([token], self._context)
         raise MPIKVStoreError(reason)
 
     def _pull_dense(self, key, outs: list, priority: int) -> None:
@@ -643,9 +644,14 @@ class HybridKVStore(MPIKVStore):
                               "'%s'; like MXNet's dist stores it cannot load them" % self.type)
 
     # ------------------------------------------------------------ Gluon glue
+    def _workers_stream(self):
+        """The world's: batch sizes are summed over every group's ranks."""
+        return self._world_stream
+
     def sync_initial_params(self, params) -> None:
         """World rank 0's initial weights into every rank and the servers; deferred
         ones when their shapes are known (first forward)."""
+        self.name_keys({idx: p.name for idx, p in enumerate(params)})
         keys, vals = [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
@@ -653,15 +659,25 @@ class HybridKVStore(MPIKVStore):
                     [idx], [self._spread_initial(idx, arrays, _is_sparse(param))]))
             else:
                 keys.append(idx)
-                vals.append(self._spread_initial(idx, param._check_and_get(param._data, list),
-                                                 _is_sparse(param)))
+                with self.serving("Trainer init: broadcast of initial weights"):
+                    vals.append(self._spread_initial(
+                        idx, param._check_and_get(param._data, list), _is_sparse(param)))
         self._server_init(keys, vals)
 
-    def allreduce_params(self, params, update_on_kvstore: bool) -> None:
+    def allreduce_params(self, params, update_on_kvstore: bool, batch_size=None,
+                         what: str | None = None):
         """Trainer's step, in phases that keep every MPI collective of the step
         ahead of the broadcasts waiting on the servers: dense group allreduces
         (last parameter first, as backprop makes them ready) and their pushes,
-        then row_sparse gathers and pushes, then pulls and group broadcasts."""
+        then row_sparse gathers and pushes, then pulls and group broadcasts.
+        With `batch_size` (local updates: the servers return sums), the batch
+        sizes are summed over the world first; returns them."""
+        agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
+        with self.serving(what):
+            self._allreduce_phases(params, update_on_kvstore)
+        return agreed
+
+    def _allreduce_phases(self, params, update_on_kvstore: bool) -> None:
         live = [(i, p) for i, p in enumerate(params) if p.grad_req != "null"]
         sparse = {i for i, p in live if _is_sparse(p)}
         if sparse and not update_on_kvstore:

@@ -1,6 +1,7 @@
 """What a store knows about its keys: the layout each was first used with and
-its descriptions (computed once), and how a failed call still takes its place
-in the sequence (as a token)."""
+its descriptions (computed once), the parameter each serves (learnt from a
+Trainer or a Module, for messages), and how a failed call still takes its
+place in the sequence (as a token)."""
 
 from __future__ import annotations
 
@@ -47,13 +48,42 @@ class KeyInfo:
 
 
 class KeyBook:
-    """Layouts of a store's keys. A key keeps the shape and dtype of its first use."""
+    """Layouts of a store's keys. A key keeps the shape and dtype of its first use.
+
+    Parameter names are printed, never part of what ranks agree on: Gluon's
+    global name counters can name the same parameter differently on two ranks."""
 
     def __init__(self) -> None:
         self._keys: dict = {}
+        self._names: dict = {}   # key -> parameter name
 
     def get(self, key: Key) -> KeyInfo | None:
         return self._keys.get(key)
+
+    def set_name(self, key: Key, name: str) -> None:
+        """`key` serves the parameter `name` (a Trainer's or a Module's)."""
+        self._names[key] = name
+
+    def name(self, key: Key) -> str:
+        """"parameter 'dense0_weight'" for a key that serves one, else ""."""
+        name = self._names.get(key) if _hashable(key) else None
+        return "" if name is None else "parameter %r" % (name,)
+
+    def names(self, keys) -> str:
+        """name() of several keys, as one phrase ("" if none is known)."""
+        known = [self._names[k] for k in keys if k in self._names]
+        if len(known) <= 1:
+            return "parameter %r" % (known[0],) if known else ""
+        return "parameters " + ", ".join("%r" % (n,) for n in known)
+
+    def what(self, key: Key) -> str:
+        """The key as this rank's own errors name it: "key 1 (parameter
+        'dense0_weight')", "key 1", or "parameter 'fc1_weight'" when the key is
+        the name (Module)."""
+        name = self._names.get(key) if _hashable(key) else None
+        if name is None:
+            return "key %r" % (key,)
+        return "parameter %r" % (name,) if name == key else "key %r (parameter %r)" % (key, name)
 
     def layout(self, key: Key, arr) -> KeyInfo:
         """The key's layout; records `arr`'s at first use, else checks it matches."""
@@ -62,8 +92,9 @@ class KeyBook:
         if info is None:
             info = self._keys[key] = KeyInfo(key, shape, dtype)
         elif info.shape != shape or info.dtype != dtype:
-            raise MPIKVStoreError("key %r was first used with shape %s and dtype %s, now %s "
-                                  "and %s" % (key, info.shape, info.dtype, shape, dtype))
+            raise MPIKVStoreError("%s was first used with shape %s and dtype %s, now %s "
+                                  "and %s" % (self.what(key), info.shape, info.dtype, shape,
+                                              dtype))
         return info
 
     def token(self, op: int, verb: str, key: Key, value, reason: str) -> Call:
@@ -77,7 +108,7 @@ class KeyBook:
             desc = "%s key=%r shape=%s %s" % (verb, key, shape, dtype)
         else:
             shape, dtype, desc = (), np.dtype(np.float32), "%s key=%r" % (verb, key)
-        return token_call(op, dtype, [shape], desc, "key %r" % (key,), reason)
+        return token_call(op, dtype, [shape], desc, "key %r" % (key,), reason, self.name(key))
 
 
 def _hashable(key) -> bool:

@@ -10,6 +10,7 @@ Horovod, whose allreduce averages, set ``kv.average = True`` (or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -21,6 +22,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import _native, modes, staging
+from .batch_sizes import BatchSizes
 from .collectives import (
     FLOAT_DTYPES,
     Call,
@@ -150,6 +152,10 @@ class MPIKVStore(KVStoreBase):
         self._fast: dict = {}
         self._staging = staging.StagingBuffers()
         self._last_calls: list = []
+        # What the pushes are for, printed in their messages (see serving())
+        self._context: bytes | None = None
+        self._batch_sizes: BatchSizes | None = None   # general path (batch_agreement)
+        self._reductions = 0   # Trainer gradient reductions so far
         register(self)
         global _announced
         if world.rank == 0 and not _announced:
@@ -243,12 +249,13 @@ class MPIKVStore(KVStoreBase):
         check_key(key)
         if not values:
             raise MPIKVStoreError("no value given for key %r" % (key,))
+        what = self._keys.what(key)
         for i, v in enumerate(values):
-            check_array(v, "value %d of key %r" % (i, key), SPARSE_HINT)
-            check_same_layout(values[0], v, "value %d of key %r" % (i, key))
+            check_array(v, "value %d of %s" % (i, what), SPARSE_HINT)
+            check_same_layout(values[0], v, "value %d of %s" % (i, what))
         for i, o in enumerate(outs or []):
-            check_array(o, "out %d of key %r" % (i, key), SPARSE_HINT)
-            check_same_layout(values[0], o, "out %d of key %r" % (i, key))
+            check_array(o, "out %d of %s" % (i, what), SPARSE_HINT)
+            check_same_layout(values[0], o, "out %d of %s" % (i, what))
         return self._keys.layout(key, values[0])
 
     def _local_sum(self, key: Key, values: list):
@@ -277,11 +284,12 @@ class MPIKVStore(KVStoreBase):
         """The collective of `op` from `src` into `dst`, then copies into `targets`;
         device arrays go through this key's pinned buffers, in chunks (staging.py)."""
         info = self._keys.get(key)
+        name = self._keys.name(key)
         post_copies = [t for t in targets if t is not dst]
         if not staging.needs_staging(src, dst):
             call = Call(op, [src], [dst], dtype=info.dtype, shapes=[info.shape],
                         desc=info.desc(verb), label="key %r" % (key,), root=root,
-                        priority=priority, flags=flags)
+                        priority=priority, flags=flags, name=name)
             post = (lambda: self._fan_out(dst, post_copies)) if post_copies else None
             return _Item([call], post)
         chunks = self._staging.chunks((key, verb), info.shape, info.dtype)
@@ -289,7 +297,8 @@ class MPIKVStore(KVStoreBase):
         k = len(chunks)
         calls = [Call(op, [c.buf], [c.buf], dtype=info.dtype, shapes=[c.buf.shape],
                       desc=info.desc(verb) + (" chunk %d/%d" % (i + 1, k) if k > 1 else ""),
-                      label="key %r" % (key,), root=root, priority=priority, flags=flags)
+                      label="key %r" % (key,), root=root, priority=priority, flags=flags,
+                      name=name)
                  for i, c in enumerate(chunks)]
 
         def post():
@@ -316,7 +325,8 @@ class MPIKVStore(KVStoreBase):
         desc = info.desc(verb) if info is not None else "%s key=%r shape=%s %s" % (
             verb, key, tuple(shape), np.dtype(dtype))
         return [token_call(op, dtype, [(n,)], "%s chunk %d/%d" % (desc, i + 1, len(sizes)),
-                           "key %r" % (key,), reason) for i, n in enumerate(sizes)]
+                           "key %r" % (key,), reason, self._keys.name(key))
+                for i, n in enumerate(sizes)]
 
     def _run(self, groups: list, build, op: int, verb: str) -> None:
         """Build one item per (key, values, outs) group and push them all as one
@@ -333,7 +343,7 @@ class MPIKVStore(KVStoreBase):
                                                 str(exc))))
         self._last_calls = [c for it in items for c in it.calls]
         if items:
-            self._stream.push(self._last_calls)
+            self._stream.push(self._last_calls, self._context)
         for it in items:
             if it.post is not None:
                 it.post()
@@ -358,7 +368,7 @@ class MPIKVStore(KVStoreBase):
         self._stream.push([Call(op, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
                                 desc="%s shape=%s %s" % (desc, tuple(arr.shape),
                                                          np.dtype(arr.dtype)),
-                                label=desc, root=root)])
+                                label=desc, root=root)], self._context)
 
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:
@@ -384,7 +394,7 @@ class MPIKVStore(KVStoreBase):
         if (fast is not None and fast[0] is value and fast[1] is out and fast[2] == priority
                 and not self._closed):
             # The same arrays as last time: the native side checks their layout.
-            self._stream.push_raw(fast[3], 1)
+            self._stream.push_raw(fast[3], 1, self._context)
             return
         self._reduce(_group(key, value, out), lambda k: priority)
         if type(key) in (int, str) and isinstance(value, mx.nd.NDArray) \
@@ -522,32 +532,79 @@ class MPIKVStore(KVStoreBase):
         self._usable()
         return join_store(self, params, updater)
 
-    # ------------------------------------------------------------ Gluon glue
+    # ------------------------------------------------------------ Trainer and Module glue
+    @contextlib.contextmanager
+    def serving(self, what: str | None):
+        """Collectives pushed inside the block say what they are for (`what`,
+        e.g. "Module.update 3: gradient allreduce"): their mismatch, token and
+        stall messages print it."""
+        before = self._context
+        self._context = what.encode() if what else None
+        try:
+            yield
+        finally:
+            self._context = before
+
+    def name_keys(self, names: dict) -> None:
+        """Key -> parameter name, printed in messages about the key's collectives."""
+        for key, name in names.items():
+            self._keys.set_name(key, name)
+
+    def batch_agreement(self, batch_size, what: str | None = None) -> BatchSizes:
+        """Push the allreduce of this rank's `batch_size` over every worker of
+        the store (collective); read the result with .mean() or .total()
+        (docs/store.md, "Batch sizes")."""
+        self._usable()
+        if self._batch_sizes is None:
+            self._batch_sizes = BatchSizes()
+        return self._batch_sizes.push(self._workers_stream(), batch_size,
+                                      what.encode() if what else self._context)
+
+    def _workers_stream(self):
+        """The stream over every worker (num_workers) of the store."""
+        return self._stream
+
     def sync_initial_params(self, params: Sequence) -> None:
         """Broadcast initial values of Gluon `params` from rank 0 now, and of
         deferred-init ones as soon as their shapes are known (first forward),
         so every rank computes its first gradient on the same weights."""
+        self.name_keys({idx: p.name for idx, p in enumerate(params)})
         keys, values, outs = [], [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
-                on_deferred_init(param, lambda arrays, idx=idx: self.broadcast(
-                    idx, arrays[0], out=arrays))
+                on_deferred_init(param, lambda arrays, idx=idx: self._broadcast_deferred(
+                    idx, arrays))
             else:
                 arrays = param._check_and_get(param._data, list)
                 keys.append(idx)
                 values.append(arrays[0])
                 outs.append(arrays)
         if keys:
-            self.broadcast(keys, values, out=outs)
+            with self.serving("Trainer init: broadcast of initial weights"):
+                self.broadcast(keys, values, out=outs)
 
-    def allreduce_params(self, params: Sequence, update_on_kvstore: bool) -> None:
+    def _broadcast_deferred(self, key: Key, arrays: list) -> None:
+        with self.serving("first forward before Trainer.step %d: broadcast of deferred-init "
+                          "weights" % (self._reductions + 1)):
+            self.broadcast(key, arrays[0], out=arrays)
+
+    def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
+                         what: str | None = None) -> BatchSizes | None:
         """Trainer's gradient reduction, issued last parameter first: backprop
         makes gradients ready from the output layer back, so collectives follow
         readiness instead of waiting for the input layer. Built once, then one
-        native call per step while the gradient arrays stay the same."""
+        native call per step while the gradient arrays stay the same.
+
+        With `batch_size`, the batch sizes are summed too (on the first
+        collective that can carry them, or one of their own pushed first):
+        returns them, for the rule's mean. `what` names the call in messages."""
         self._usable()
-        if self._updater is None and not update_on_kvstore and self._plan.push(params):
-            return
+        self._reductions += 1
+        context = what.encode() if what else None
+        if self._updater is None and not update_on_kvstore \
+                and self._plan.push(params, batch_size, context):
+            return self._plan.batch_sizes if batch_size is not None else None
+        agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
         groups = []
         for i in reversed(range(len(params))):
             param = params[i]
@@ -555,11 +612,13 @@ class MPIKVStore(KVStoreBase):
                 continue
             out = param.list_data() if update_on_kvstore else None
             groups.append((i, param.list_grad(), out))
-        if self._updater is not None:
-            for k, grads, out in groups:
-                self.pushpull(k, grads, out=out, priority=-k)
-            return
-        self._reduce(groups, lambda k: -k)
+        with self.serving(what):
+            if self._updater is not None:
+                for k, grads, out in groups:
+                    self.pushpull(k, grads, out=out, priority=-k)
+            else:
+                self._reduce(groups, lambda k: -k)
+        return agreed
 
     def __getstate__(self):
         raise pickle.PicklingError("an MPI kvstore cannot be pickled")

@@ -4,6 +4,11 @@ MXNet's ``model._create_kvstore`` returns *no* kvstore for a string without
 'dist' when the process has one device: ``Trainer(kvstore='mpi')`` would then
 silently train each rank alone. The patches below apply only when the
 kvstore is one of ours; MXNet's own stores take MXNet's unchanged code paths.
+
+They also apply the batch-size rule (batch_sizes.py) where each rank would
+otherwise divide by its own batch size (local updates), and tell the store
+which parameter each key serves and which call and step each collective
+belongs to, for its messages.
 """
 
 from __future__ import annotations
@@ -69,11 +74,21 @@ def _patched_create_kvstore(orig):
     return create
 
 
+def _store_of(trainer) -> MPIKVStore | None:
+    """The trainer's store if it is ours (also before MXNet's lazy _init_kvstore)."""
+    kv = trainer._kvstore if trainer._kv_initialized else trainer._kvstore_params.get("kvstore")
+    return kv if isinstance(kv, MPIKVStore) else None
+
+
 def _patch_trainer() -> None:
     trainer_mod = mx.gluon.trainer
     Trainer = trainer_mod.Trainer
     orig_init = Trainer.__init__
     orig_allreduce = Trainer._allreduce_grads
+    orig_update = Trainer._update
+    orig_step = Trainer.step
+    orig_public_allreduce = Trainer.allreduce_grads
+    orig_public_update = Trainer.update
 
     @functools.wraps(orig_init)
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
@@ -100,11 +115,67 @@ def _patch_trainer() -> None:
         kv.sync_initial_params(self._params)
         self._params_to_init = []
 
+    # The batch-size rule needs the agreed mean before _update() pushes the
+    # optimizer ops (rescale_grad is their attribute): step()/update() note the
+    # batch size, _allreduce_grads() (or update()) pushes its sum, _update()
+    # waits for it. With update_on_kvstore the servers hold the weights and
+    # MXNet's own rule applies (the optimizer's rescale_grad from world rank 0).
+    def _reduction(self, call: str) -> None:
+        self._mxmpi_count = getattr(self, "_mxmpi_count", 0) + 1
+        self._mxmpi_call = call
+
+    @functools.wraps(orig_step)
+    def step(self, batch_size, ignore_stale_grad=False):
+        if _store_of(self) is None:
+            return orig_step(self, batch_size, ignore_stale_grad)
+        _reduction(self, "Trainer.step")
+        self._mxmpi_batch = batch_size
+        try:
+            return orig_step(self, batch_size, ignore_stale_grad)
+        finally:
+            self._mxmpi_batch = self._mxmpi_agreed = None
+
+    @functools.wraps(orig_public_allreduce)
+    def allreduce_grads(self):
+        if _store_of(self) is not None:
+            _reduction(self, "Trainer.allreduce_grads")
+            self._mxmpi_batch = None
+        return orig_public_allreduce(self)
+
+    @functools.wraps(orig_public_update)
+    def update(self, batch_size, ignore_stale_grad=False):
+        kv = _store_of(self)
+        if kv is None:
+            return orig_public_update(self, batch_size, ignore_stale_grad)
+        if not self._kv_initialized:
+            self._init_kvstore()   # as update() does first; rescale_grad is set after
+        if not self._update_on_kvstore:
+            self._mxmpi_agreed = kv.batch_agreement(
+                batch_size, "Trainer.update %d: sum of batch sizes"
+                % getattr(self, "_mxmpi_count", 0))
+        try:
+            return orig_public_update(self, batch_size, ignore_stale_grad)
+        finally:
+            self._mxmpi_agreed = None
+
     def _allreduce_grads(self):
-        if isinstance(self._kvstore, MPIKVStore):
-            self._kvstore.allreduce_params(self._params, bool(self._update_on_kvstore))
-        else:
-            orig_allreduce(self)
+        kv = self._kvstore
+        if not isinstance(kv, MPIKVStore):
+            return orig_allreduce(self)
+        uok = bool(self._update_on_kvstore)
+        batch = None if uok else getattr(self, "_mxmpi_batch", None)
+        what = "%s %d: gradient allreduce" % (getattr(self, "_mxmpi_call", "Trainer.step"),
+                                              getattr(self, "_mxmpi_count", 0))
+        agreed = kv.allreduce_params(self._params, uok, batch, what)
+        if agreed is not None:
+            self._mxmpi_agreed = agreed
+
+    def _update(self, ignore_stale_grad=False):
+        agreed = getattr(self, "_mxmpi_agreed", None)
+        if agreed is not None:
+            self._mxmpi_agreed = None
+            self._optimizer.rescale_grad = self._scale / agreed.mean()
+        return orig_update(self, ignore_stale_grad)
 
     orig_sparse_create = trainer_mod._create_sparse_kvstore
 
@@ -128,8 +199,10 @@ def _patch_trainer() -> None:
 
     Trainer.__init__ = __init__
     Trainer._allreduce_grads = _allreduce_grads
-    Trainer.step = checked(Trainer.step)
-    Trainer.update = checked(Trainer.update)
+    Trainer._update = _update
+    Trainer.step = checked(step)
+    Trainer.allreduce_grads = allreduce_grads
+    Trainer.update = checked(update)
     trainer_mod._create_kvstore = _patched_create_kvstore(trainer_mod._create_kvstore)
     trainer_mod._create_sparse_kvstore = _create_sparse_kvstore
 
@@ -145,12 +218,17 @@ def _patch_module() -> None:
                        optimizer_params=(("learning_rate", 0.01),), force_init=False):
         kv = resolve(kvstore)
         if kv is not None and isinstance(optimizer, str) and "async" not in kv.type:
-            # MXNet divides by num_workers for synchronous dist stores only (not
-            # for dist_async); do the same so a Module script follows the same
-            # trajectory with ours as with MXNet's store of the same kind.
+            # MXNet divides by batch_size * num_workers for synchronous dist stores
+            # only (not for dist_async); we divide by the sum of the ranks' bound
+            # batch sizes, which is that whenever they are equal and the same
+            # constant on every rank when they are not (collective: every rank
+            # calls init_optimizer).
             optimizer_params = dict(optimizer_params)
-            optimizer_params.setdefault(
-                "rescale_grad", 1.0 / (self._exec_group.batch_size * kv.num_workers))
+            if "rescale_grad" not in optimizer_params:
+                total = kv.batch_agreement(self._exec_group.batch_size,
+                                           "Module.init_optimizer: sum of bound batch sizes"
+                                           ).total()
+                optimizer_params["rescale_grad"] = 1.0 / total
         return orig_init_optimizer(self, kvstore=kv if kv is not None else kvstore,
                                    optimizer=optimizer, optimizer_params=optimizer_params,
                                    force_init=force_init)
@@ -161,9 +239,11 @@ def _patch_module() -> None:
             return orig_initialize(kvstore, param_arrays, arg_params, param_names,
                                    update_on_kvstore)
         # Rank 0's weights go into every device copy the executors train on.
-        for idx, param_on_devs in enumerate(param_arrays):
-            name = param_names[idx]
-            kvstore.broadcast(name, arg_params[name], out=param_on_devs, priority=-idx)
+        kvstore.name_keys({name: name for name in param_names})
+        with kvstore.serving("Module init: broadcast of initial weights"):
+            for idx, param_on_devs in enumerate(param_arrays):
+                name = param_names[idx]
+                kvstore.broadcast(name, arg_params[name], out=param_on_devs, priority=-idx)
         return None
 
     orig_update = module_mod._update_params
@@ -185,13 +265,15 @@ def _patch_module() -> None:
 
     @functools.wraps(orig_update_module)
     def update(self):
-        orig_update_module(self)
-        if isinstance(self._kvstore, MPIKVStore):
-            if not hasattr(self, "_mxmpi_check"):
-                self._mxmpi_check = PeriodicCheck()
-            group = self._exec_group
-            self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)),
-                                   self._kvstore)
+        if not isinstance(self._kvstore, MPIKVStore):
+            return orig_update_module(self)
+        self._mxmpi_count = getattr(self, "_mxmpi_count", 0) + 1
+        with self._kvstore.serving("Module.update %d: gradient allreduce" % self._mxmpi_count):
+            orig_update_module(self)
+        if not hasattr(self, "_mxmpi_check"):
+            self._mxmpi_check = PeriodicCheck()
+        group = self._exec_group
+        self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)), self._kvstore)
 
     Module.init_optimizer = init_optimizer
     Module.update = update

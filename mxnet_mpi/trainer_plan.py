@@ -6,6 +6,13 @@ gamma and beta, or a small Dense's weight and bias: the same backward op makes
 them ready together) travel as one grouped collective: fewer engine ops and
 fewer agreements, and nothing waits for another layer. The layout is decided
 by names, shapes and push order alone, so it is the same on every rank.
+
+A step that passes its batch size (``Trainer.step``) pushes a second variant
+of the plan that also sums the ranks' batch sizes (batch_sizes.py): as one
+more part of the first collective of the last layer (ready first) when that
+collective can carry it exactly and cheaply, else as a collective of its own
+pushed first; either way in the step's one native call. Python waits for the
+sum (Trainer._update) before it pushes the optimizer's ops.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import numpy as np
 
 from . import _native, modes, staging
 from ._native import CallDesc
+from .batch_sizes import NAME, BatchSizes
 from .collectives import Call
 from .errors import MPIKVStoreError
 
@@ -28,15 +36,19 @@ class TrainerPlan:
         self._fingerprint = None
         self._array = None
         self._calls: list = []
+        self._batch_array = None    # the variant that also sums the batch sizes
+        self._batch_calls: list = []
+        self.batch_sizes: BatchSizes | None = None
 
     def forget(self) -> None:
         """Settings changed (averaging, compression): build afresh next step."""
         self._fingerprint = None
 
-    def push(self, params) -> bool:
-        """Push the allreduce of `params`' gradients; False if they cannot use a
-        plan (several devices, device arrays, sparse): the caller takes the
-        general path."""
+    def push(self, params, batch_size=None, context: bytes | None = None) -> bool:
+        """Push the allreduce of `params`' gradients (and with `batch_size`, the
+        sum of the ranks' batch sizes into self.batch_sizes); False if they
+        cannot use a plan (several devices, device arrays, sparse): the caller
+        takes the general path. `context` names the call in messages."""
         live = [(i, params[i]) for i in reversed(range(len(params)))
                 if params[i].grad_req != "null"]
         grads = [p._grad for _, p in live]
@@ -45,7 +57,11 @@ class TrainerPlan:
         fingerprint = tuple(id(g[0]) for g in grads)
         if fingerprint != self._fingerprint and not self._build(live, fingerprint):
             return False
-        self._store._stream.push_raw(self._array, len(self._calls))
+        if batch_size is None:
+            self._store._stream.push_raw(self._array, len(self._calls), context)
+        else:
+            self.batch_sizes.fill(batch_size)
+            self._store._stream.push_raw(self._batch_array, len(self._batch_calls), context)
         return True
 
     def _build(self, live: list, fingerprint: tuple) -> bool:
@@ -63,11 +79,12 @@ class TrainerPlan:
         params_by_key = dict(live)
         options = modes.stream_options()
         small, limit = options["small_bytes"], options["fusion_bytes"]
-        calls, group = [], []
+        calls, groups, group = [], [], []
 
         def flush():
             if group:
                 calls.append(self._call(group))
+                groups.append(list(group))
                 group.clear()
 
         for i, g, info in arrays:
@@ -83,24 +100,57 @@ class TrainerPlan:
         flush()
         self._calls = calls
         self._array = (CallDesc * len(calls))(*[c.desc for c in calls])
+        self._build_batch_variant(groups, [_block(params_by_key[g[0][0]]) for g in groups],
+                                  small)
         self._fingerprint = fingerprint
         return True
 
-    def _call(self, group: list) -> Call:
+    def _build_batch_variant(self, groups: list, blocks: list, small: int) -> None:
+        """The plan plus the batch sizes: carried by the first collective of the
+        last layer's block that sums float32/float64 exactly (no averaging, no
+        fp16) and is small or grouped already (one more part makes a lone
+        large array go through the fusion buffer: a copy each way); else by
+        a float64 collective of their own, pushed first."""
+        rider = None
+        for k, group in enumerate(groups):
+            if blocks[k] != blocks[0]:
+                break
+            dtype, nbytes = group[0][2].dtype, sum(x[2].nbytes for x in group)
+            if dtype in (np.float32, np.float64) and self._store._flags(dtype) == 0 \
+                    and (len(group) > 1 or nbytes <= small):
+                rider = k
+                break
+        dtype = groups[rider][0][2].dtype if rider is not None else np.float64
+        if self.batch_sizes is None or self.batch_sizes.dtype != dtype:
+            self.batch_sizes = BatchSizes(dtype)
+        if rider is None:
+            calls = [self.batch_sizes.call()] + self._calls
+        else:
+            calls = list(self._calls)
+            calls[rider] = self._call(groups[rider], self.batch_sizes)
+        self._batch_calls = calls
+        self._batch_array = (CallDesc * len(calls))(*[c.desc for c in calls])
+
+    def _call(self, group: list, batch_sizes: BatchSizes | None = None) -> Call:
+        """One (grouped) allreduce; with `batch_sizes`, they ride as its last part."""
         store = self._store
         dtype = group[0][2].dtype
         flags = store._flags(dtype)
-        if len(group) == 1:
-            i, g, info = group[0]
-            return Call(_native.ALLREDUCE, [g], [g], dtype=dtype, shapes=[info.shape],
-                        desc=info.desc("allreduce"), label="key %r" % (i,), priority=-i,
-                        flags=flags)
         keys = tuple(i for i, _, _ in group)
+        grads = [g for _, g, _ in group]
         shapes = [info.shape for _, _, info in group]
-        desc = "allreduce keys=%s shapes=%s %s" % (keys, tuple(shapes), np.dtype(dtype))
-        return Call(_native.ALLREDUCE, [g for _, g, _ in group], [g for _, g, _ in group],
-                    dtype=dtype, shapes=shapes, desc=desc, label="keys %s" % (keys,),
-                    priority=-keys[0], flags=flags)
+        name = store._keys.names(keys)
+        if len(group) == 1:
+            desc, label = group[0][2].desc("allreduce"), "key %r" % (keys[0],)
+        else:
+            desc = "allreduce keys=%s shapes=%s %s" % (keys, tuple(shapes), np.dtype(dtype))
+            label = "keys %s" % (keys,)
+        if batch_sizes is not None:
+            grads, shapes = grads + [batch_sizes.array], shapes + [(2,)]
+            desc += " and " + NAME
+            name = (name + " and " if name else "") + NAME
+        return Call(_native.ALLREDUCE, grads, grads, dtype=dtype, shapes=shapes, desc=desc,
+                    label=label, priority=-keys[0], flags=flags, name=name)
 
 
 
