@@ -135,14 +135,16 @@ class MpiBuildExt(build_ext):
                  '-DMXMPI_MXNET_VERSION_STR="%s"' % mxnet_version(mx_dir),
                  # __FILE__ in log messages: no path of this build in the library
                  "-fmacro-prefix-map=%s=mxnet" % mx_dir, "-fmacro-prefix-map=%s/=" % HERE]
-        # oneDNN layouts (kvstore/onednn.cc) exist only in MKLDNN builds of MXNet.
+        # oneDNN layouts (kvstore/ndarray_glue.cc) exist only in MKLDNN builds of MXNet.
         flags += ["-DMXNET_USE_MKLDNN=%d" % mxnet_has_onednn(mx_lib),
                   "-I" + str(mx_inc / "mkldnn")]
         objs = [str(build_tmp / (Path(src).stem + ".o")) for src in ext.sources]
-        jobs = max(1, int(self.parallel or os.cpu_count() or 1))
-        with ThreadPoolExecutor(jobs) as pool:
-            list(pool.map(lambda so: self._run([cxx, *flags, "-c", str(HERE / so[0]), "-o",
-                                                so[1]]), zip(ext.sources, objs)))
+
+        def compile_one(src: str, obj: str) -> None:
+            self._run([cxx, *flags, "-c", str(HERE / src), "-o", obj])
+
+        with ThreadPoolExecutor(max(1, int(self.parallel or os.cpu_count() or 1))) as pool:
+            list(pool.map(compile_one, ext.sources, objs))
         self._run([*link_command(cxx, from_wheel, objs, str(out)),
                    "-L" + str(mx_dir), "-l:libmxnet.so", "-pthread",
                    *["-Wl,-rpath," + p for p in RUN_PATHS]])
