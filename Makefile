@@ -38,7 +38,7 @@ $(VENV)/.deps: requirements.txt
 	touch $@
 
 lint: build
-	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks tools setup.py
+	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks tools setup.py _mxnet_mpi_autoload.py
 
 clean:
 	rm -rf build *.egg-info mxnet_mpi/*.so $(VENV)/.built

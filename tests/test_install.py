@@ -20,9 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from mpirun import ROOT, SCRIPTS
-
-PLAIN = str(SCRIPTS / "plain_mxnet.py")   # never names mxnet_mpi
+from mpirun import ROOT
+from test_runner import PLAIN, weights  # PLAIN never names mxnet_mpi
 
 
 def env(**extra: str) -> dict:
@@ -58,10 +57,6 @@ def copy_checkout(dest: Path) -> None:
         shutil.copytree(ROOT, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
             ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o",
             "data", ".gpu"))
-
-
-def weights(out: str) -> dict:
-    return {int(r): (float(a), float(b)) for r, a, b in re.findall(r"WEIGHT (\d) (\S+) (\S+)", out)}
 
 
 @pytest.mark.timeout(1200)
