@@ -13,6 +13,7 @@ import email
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,14 +34,22 @@ def env(**extra: str) -> dict:
 
 
 def run(cmd: list, cwd: Path, timeout: float, **extra: str) -> subprocess.CompletedProcess:
+    """Run `cmd` in its own session (a timeout kills all of it); fail unless it exits 0."""
+    cmd = [str(c) for c in cmd]
     start = time.monotonic()
-    proc = subprocess.run([str(c) for c in cmd], cwd=str(cwd), env=env(**extra),
-                          capture_output=True, text=True, timeout=timeout,
-                          start_new_session=True)
-    print("%6.1f s  %s" % (time.monotonic() - start, " ".join(str(c) for c in cmd[:6])))
-    assert proc.returncode == 0, "%s exited %d\nstdout:\n%s\nstderr:\n%s" % (
-        cmd, proc.returncode, proc.stdout[-4000:], proc.stderr[-6000:])
-    return proc
+    popen = subprocess.Popen(cmd, cwd=str(cwd), env=env(**extra), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        out, err = popen.communicate()
+        raise AssertionError("%s timed out after %ss\nstdout:\n%s\nstderr:\n%s"
+                             % (cmd, timeout, out[-4000:], err[-6000:])) from None
+    print("%6.1f s  %s" % (time.monotonic() - start, " ".join(cmd[:6])))
+    assert popen.returncode == 0, "%s exited %d\nstdout:\n%s\nstderr:\n%s" % (
+        cmd, popen.returncode, out[-4000:], err[-6000:])
+    return subprocess.CompletedProcess(cmd, popen.returncode, out, err)
 
 
 def copy_checkout(dest: Path) -> None:
