@@ -20,8 +20,11 @@ test: build
 
 build: $(VENV)/.built
 
-# Rebuild the native library only when its sources or the stack change.
-$(VENV)/.built: $(VENV)/.deps setup.py $(wildcard kvstore/*.cc kvstore/*.h)
+# Rebuild the native library only when its sources or the stack change. The
+# editable install also puts the start-up hook (mxnet_mpi_autoload.pth) into
+# the venv, so `kvstore='mpi'` works there under plain mpirun, as after `pip install`.
+$(VENV)/.built: $(VENV)/.deps setup.py pyproject.toml mxnet_mpi_autoload.pth \
+		$(wildcard kvstore/*.cc kvstore/*.h)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PY) -c "import mxnet_mpi._native"
 	touch $@
@@ -35,7 +38,7 @@ $(VENV)/.deps: requirements.txt
 	touch $@
 
 lint: build
-	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks tools setup.py
+	$(VENV)/bin/ruff check mxnet_mpi tests examples benchmarks tools setup.py _mxnet_mpi_autoload.py
 
 clean:
 	rm -rf build *.egg-info mxnet_mpi/*.so $(VENV)/.built

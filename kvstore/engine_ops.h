@@ -6,6 +6,7 @@
 
 #include <mxnet/c_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +31,14 @@ struct CallDesc {
   const char* name;       // printed in messages, never agreed on ("parameter 'dense0_weight'");
                           // NULL or "": none
 };
+
+// Every field of CallDesc, in order: the library reports their offsets
+// (mxmpi_abi) and _native.py checks them against its ctypes mirror at load.
+#define MXMPI_CALLDESC_FIELDS(X) \
+  X(op) X(dtype) X(root) X(priority) X(flags) X(nparts) X(ins) X(outs) X(shapes) X(desc) \
+  X(label) X(token) X(splits) X(nsplits) X(row) X(aux)
+static_assert(offsetof(CallDesc, aux) + sizeof(NDArrayHandle) == sizeof(CallDesc),
+              "a field after CallDesc::aux: add it to MXMPI_CALLDESC_FIELDS and _native.py");
 
 // Pushes `n` calls in order; each takes its place in the store's sequence.
 // A call that fails validation becomes a token (its peers learn why) and the

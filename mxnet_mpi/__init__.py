@@ -4,7 +4,8 @@
 hybrid MPI + parameter-server stores ``dist_sync_mpi``/``dist_async_mpi``) with
 MXNet, so ``gluon.Trainer(..., kvstore='mpi')`` and
 ``Module.fit(..., kvstore='mpi')`` work under ``mpirun``. MPI itself is
-initialised on first use.
+initialised on first use. An installed package is imported with mxnet by its
+start-up hook (``_mxnet_mpi_autoload``; ``MXNET_MPI_AUTOLOAD=0`` turns it off).
 """
 
 from . import hybrid, mxnet_patches, ops, stores

@@ -8,9 +8,12 @@ and ``dist_async_mpi`` with MXNet and patches Trainer/Module), then runs the
 script as ``__main__`` as ``python train.py ARGS...`` would: same
 ``sys.argv`` (``argv[0]`` made absolute), the script's directory first on
 ``sys.path``, an absolute ``__file__``, the script's exit status. A script
-that says ``kvstore='mpi'`` therefore needs no ``import mxnet_mpi``; without
-the runner (or the import) MXNet would quietly treat the unknown name as a
-local store and every rank would train alone.
+that says ``kvstore='mpi'`` therefore needs no ``import mxnet_mpi``. An
+installed package does the same without the runner (its start-up hook imports
+mxnet_mpi with mxnet); the runner is for where the hook is off
+(``MXNET_MPI_AUTOLOAD=0``, ``python -S``, a checkout on ``PYTHONPATH``), where
+MXNet would otherwise quietly treat the unknown name as a local store and
+every rank would train alone.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """`python -m mxnet_mpi SCRIPT`: unchanged scripts (no `import mxnet_mpi`) really
 communicate, keep their argv, exit status and tracebacks; the launcher runs
-every rank through it."""
+every rank through it. Under plain mpirun, the start-up hook of the (dev)
+installation makes the same script communicate with no runner at all."""
 
 import re
 import subprocess
 import sys
+import sysconfig
 import time
+from pathlib import Path
 
 import launching
 import pytest
-from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
+from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env, run_mpi
 
 PLAIN = str(SCRIPTS / "plain_mxnet.py")
 
@@ -32,8 +35,19 @@ def test_unchanged_script_sums_across_ranks():
     # -(1 + 2): the ranks summed their gradients (alone they would hold -1 and -2)
     assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout
     # as `python SCRIPT`: its directory first on sys.path, an absolute __file__
-    assert proc.stdout.count("name __main__ argv ['mpi'] runner True path0 %s file %s"
+    assert proc.stdout.count("name __main__ argv ['mpi'] mpi loaded path0 %s file %s"
                              % (SCRIPTS, PLAIN)) == 2, proc.stdout
+
+
+def test_plain_mpirun_with_the_startup_hook_of_the_dev_install():
+    # `make build` installs the package editable, with its .pth start-up hook: the
+    # script that never names mxnet_mpi is in sync under plain mpirun, and MPI is
+    # loaded but not initialised by `import mxnet` (the store initialises it)
+    hook = Path(sysconfig.get_paths()["purelib"]) / "mxnet_mpi_autoload.pth"
+    assert hook.exists(), "%s is missing: run `make build` (pip install -e .)" % hook
+    proc = run_mpi("plain_mxnet.py", 2, "mpi")
+    assert weights(proc.stdout) == {0: (-3.0, 0.0), 1: (-3.0, 0.0)}, proc.stdout
+    assert proc.stdout.count("argv ['mpi'] mpi loaded path0") == 2, proc.stdout
 
 
 def test_exit_status_and_traceback_are_the_scripts():
@@ -73,7 +87,7 @@ def test_module_form_runs_as_main_with_its_exit_status():
     # python -m mxnet_mpi -m MODULE: the module from the current directory, as __main__
     proc = runner("-m", "tests.scripts.plain_mxnet", "mpi", "exit3")
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "name __main__ argv ['mpi', 'exit3'] runner True path0 %s" % ROOT in proc.stdout
+    assert "name __main__ argv ['mpi', 'exit3'] mpi loaded path0 %s" % ROOT in proc.stdout
     assert weights(proc.stdout) == {0: (-1.0, 0.0)}, proc.stdout
 
 

@@ -1,6 +1,7 @@
-"""An unchanged MXNet script: no `import mxnet_mpi`, the store named by a string.
+"""An unchanged MXNet script: it never names the package, the store is a string.
 
-  python -m mxnet_mpi plain_mxnet.py KVSTORE [fail|exit3]
+  python -m mxnet_mpi plain_mxnet.py KVSTORE [fail|exit3]   (the runner)
+  python plain_mxnet.py KVSTORE                             (the start-up hook)
 
 fail: the last rank raises after the first step; exit3: every rank calls sys.exit(3)
 after it; exit3-last: only the last rank does, the others go on training;
@@ -8,9 +9,11 @@ raise3-last: the same with `raise SystemExit(3)`.
 
 Rank r's gradient is [r + 1, 0]; with lr 1 and batch 1 one step leaves the
 weight at -(sum over ranks of r + 1) when the ranks really communicate, and
-at -(r + 1) when each trains alone. Prints "WEIGHT <rank> <w0> <w1>".
+at -(r + 1) when each trains alone. Prints "WEIGHT <rank> <w0> <w1>", and
+after `import mxnet` whether libmpi is loaded and MPI initialised ("mpi ...").
 """
 
+import ctypes
 import os
 import sys
 
@@ -20,8 +23,20 @@ from mxnet import autograd, gluon
 kvstore = sys.argv[1]
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-print("name %s argv %s runner %s path0 %s file %s"
-      % (__name__, sys.argv[1:], "mxnet_mpi" in sys.modules, sys.path[0], __file__), flush=True)
+
+
+def mpi_state() -> str:
+    try:
+        libmpi = ctypes.CDLL("libmpi.so.40", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return "absent"
+    flag = ctypes.c_int()
+    libmpi.MPI_Initialized(ctypes.byref(flag))
+    return "initialised" if flag.value else "loaded"
+
+
+print("name %s argv %s mpi %s path0 %s file %s"
+      % (__name__, sys.argv[1:], mpi_state(), sys.path[0], __file__), flush=True)
 net = gluon.nn.Dense(1, in_units=2, use_bias=False)
 net.initialize(mx.init.Constant(0.0))
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1.0}, kvstore=kvstore)

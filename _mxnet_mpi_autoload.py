@@ -1,0 +1,90 @@
+"""Start-up hook of mxnet-mpi: ``import mxnet`` also registers mxnet_mpi's stores.
+
+``mxnet_mpi_autoload.pth`` (installed into site-packages with the package)
+puts a finder first on ``sys.meta_path`` that calls :func:`find_spec` here
+when, and only when, the module ``mxnet`` is imported; until then this module
+is not even imported. The spec it returns loads mxnet as usual, then imports
+``mxnet_mpi``, so ``kvstore='mpi'`` works in a script that never names
+mxnet_mpi, under plain ``mpirun``. Importing mxnet_mpi does not initialise MPI
+(that happens on first use of a store).
+
+Switched off by ``MXNET_MPI_AUTOLOAD=0`` (read when mxnet is imported), and
+in ps-lite scheduler and server processes (``DMLC_ROLE``), whose role runs
+inside ``import mxnet``. If mxnet_mpi cannot be imported, ``import mxnet``
+still succeeds, with a warning that says why.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+_OFF = ("0", "false", "no", "off")
+_finding = threading.local()
+
+
+def enabled() -> bool:
+    """Whether importing mxnet imports mxnet_mpi in this process."""
+    if os.environ.get("MXNET_MPI_AUTOLOAD", "1").strip().lower() in _OFF:
+        return False
+    return os.environ.get("DMLC_ROLE", "") not in ("scheduler", "server")
+
+
+def find_spec(name: str, path=None, target=None):
+    """The spec the other finders give for `name`, loading mxnet_mpi after mxnet."""
+    if name != "mxnet" or getattr(_finding, "on", False) or not enabled():
+        return None
+    _finding.on = True   # the search below calls this finder again: it must pass
+    try:
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+    finally:
+        _finding.on = False
+    if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return spec
+    spec.loader = _ThenMxnetMpi(spec.loader)
+    return spec
+
+
+class _ThenMxnetMpi:
+    """mxnet's own loader, followed by ``import mxnet_mpi``."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def __getattr__(self, attr: str):
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        # mxnet keeps its own loader: nothing of this hook stays visible on it
+        module.__spec__.loader = module.__loader__ = self._loader
+        self._loader.exec_module(module)   # a ps-lite role never returns from here
+        load_stores()
+
+
+def load_stores() -> None:
+    """Import mxnet_mpi (which registers its stores) unless it is being
+    imported already (it imports mxnet itself); warn if it fails."""
+    if "mxnet_mpi" in sys.modules:
+        return
+    try:
+        import mxnet_mpi  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  (import mxnet must still work)
+        msg = ("mxnet_mpi could not be loaded when mxnet was imported, so kvstore 'mpi' and "
+               "its relatives are not registered (a script using them would train each "
+               "process alone): %s: %s. MXNET_MPI_AUTOLOAD=0 switches this hook off."
+               % (type(exc).__name__, exc))
+        try:
+            import warnings
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001  (warnings turned into errors)
+            sys.stderr.write("Warning: %s\n" % msg)
