@@ -33,7 +33,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 namespace mxnet_mpi {
 namespace {
@@ -207,6 +207,9 @@ MXMPI_API const char* mxmpi_abi() {
     value("OpKind.kReduceScatter", static_cast<int>(OpKind::kReduceScatter));
     value("RequestFlags.kAverage", kAverage);
     value("RequestFlags.kCompressFp16", kCompressFp16);
+    value("RequestFlags.kMin", kMin);
+    value("RequestFlags.kMax", kMax);
+    value("RequestFlags.kProduct", kProduct);
     value("ExecKind.kChained", static_cast<int>(ExecKind::kChained));
     value("ExecKind.kFunneled", static_cast<int>(ExecKind::kFunneled));
     value("ExecKind.kConcurrent", static_cast<int>(ExecKind::kConcurrent));

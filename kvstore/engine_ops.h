@@ -36,9 +36,9 @@ struct CallDesc {
 // (mxmpi_abi) and _native.py checks them against its ctypes mirror at load.
 #define MXMPI_CALLDESC_FIELDS(X) \
   X(op) X(dtype) X(root) X(priority) X(flags) X(nparts) X(ins) X(outs) X(shapes) X(desc) \
-  X(label) X(token) X(splits) X(nsplits) X(row) X(aux)
-static_assert(offsetof(CallDesc, aux) + sizeof(NDArrayHandle) == sizeof(CallDesc),
-              "a field after CallDesc::aux: add it to MXMPI_CALLDESC_FIELDS and _native.py");
+  X(label) X(token) X(splits) X(nsplits) X(row) X(aux) X(name)
+static_assert(offsetof(CallDesc, name) + sizeof(const char*) == sizeof(CallDesc),
+              "a field after CallDesc::name: add it to MXMPI_CALLDESC_FIELDS and _native.py");
 
 // Pushes `n` calls in order; each takes its place in the store's sequence.
 // A call that fails validation becomes a token (its peers learn why) and the

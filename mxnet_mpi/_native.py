@@ -19,7 +19,7 @@ import mxnet  # (libmxnet.so must be loaded before our library, which needs it b
 from mxnet.base import NDArrayHandle
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -48,6 +48,8 @@ _ENUMS = {
     "OpKind.kAllgather": ALLGATHER, "OpKind.kAlltoall": ALLTOALL,
     "OpKind.kReduceScatter": REDUCE_SCATTER,
     "RequestFlags.kAverage": FLAG_AVERAGE, "RequestFlags.kCompressFp16": FLAG_COMPRESS_FP16,
+    "RequestFlags.kMin": FLAG_MIN, "RequestFlags.kMax": FLAG_MAX,
+    "RequestFlags.kProduct": FLAG_PRODUCT,
     "ExecKind.kChained": EXEC_CHAINED, "ExecKind.kFunneled": EXEC_FUNNELED,
     "ExecKind.kConcurrent": EXEC_CONCURRENT,
 }
