@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 .PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \
-	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check
+	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check report
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -57,7 +57,12 @@ bench-overlap: build
 bench-overhead: build
 	$(PY) benchmarks/overhead.py --np $(NP) $(BENCH_ARGS)
 
-# GPU check (README "GPU path"): prepare the parts here, run the check on a GPU machine.
+# docs/benchmarks.md (and the generated blocks of other docs pages) from benchmarks/results/.
+# Standard library only: needs no build.
+report:
+	$(or $(wildcard $(PY)),$(PYTHON)) benchmarks/report.py
+
+# GPU check (docs/gpu.md): prepare the parts here, run the check on a GPU machine.
 gpu-prepare: build
 	tools/gpu_prepare.sh .gpu
 

@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -145,6 +147,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    write_meta(out / "faults.csv")
     print("\nwrote %s (stall settings: warn %s s, abort %s s)"
           % (out / "faults.csv", FAST["MXNET_MPI_STALL_WARN_S"], FAST["MXNET_MPI_STALL_ABORT_S"]))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -78,6 +79,15 @@ def code_version() -> str:
     return "commit %s%s" % (head, " + local changes" if dirty else "")
 
 
+def default_mode() -> str | None:
+    """The package's default mode, read from its source (no import of MXNet)."""
+    for p in sorted((ROOT / "mxnet_mpi").glob("*.py")):
+        m = re.search(r'^DEFAULT_MODE\s*(?::\s*\w+\s*)?=\s*["\'](\w+)["\']', p.read_text(), re.M)
+        if m:
+            return m.group(1)
+    return None
+
+
 def write_meta(csv_path: Path, **facts) -> Path:
     """Write the note for ``csv_path``; ``facts`` (JSON-serialisable) are added as given."""
     load = os.getloadavg()
@@ -88,6 +98,7 @@ def write_meta(csv_path: Path, **facts) -> Path:
                       "%.1f (15 min) on %d cores" % (*load, os.cpu_count() or 0),
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name] + sys.argv),
         "code": code_version(),
+        "default_mode": default_mode(),
     }
     note.update(facts)
     path = meta_path(csv_path)
