@@ -63,6 +63,8 @@ report:
 	$(or $(wildcard $(PY)),$(PYTHON)) benchmarks/report.py
 
 # GPU check (docs/gpu.md): prepare the parts here, run the check on a GPU machine.
+GPU_STAGE ?= .gpu
+GPU_RESULTS ?= gpu-results
 gpu-prepare: build
 	tools/gpu_prepare.sh .gpu
 

@@ -1,4 +1,4 @@
-"""Time from a fault to a named error: the figures of README's "When things go wrong".
+"""Time from a fault to a named error: the figures of docs/faults.md.
 
     .venv/bin/python benchmarks/faults.py [--mode concurrent] [--outdir DIR]
 

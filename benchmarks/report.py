@@ -753,17 +753,17 @@ def sec_gpu(ctx: Ctx) -> str | None:
             notes.update("`%s`: %s" % (r["what"], ":".join(r["note"].split(":")[:2]))
                          for rs in data for r in rs if r["note"])
         out += ["%s." % n_ for n_ in sorted(notes)]
-        probe = d / "probe.txt"
-        if probe.is_file():
+        probe = next((d / n for n in ("probe.txt", "02_probe.txt") if (d / n).is_file()), None)
+        if probe:
             found = [(ln.split(" ")[0], ln.split("ErrStr:", 1)[1] if "ErrStr:" in ln
                       else ln.split(" ", 1)[1]) for ln in probe.read_text().splitlines()
                      if ln.startswith(("COPY", "KERNEL")) and " " in ln]
             if found:
-                out += ["", "Probe (`probe.txt`): " + "; ".join(
+                out += ["", "Probe (`%s`): " % probe.name + "; ".join(
                     "%s %s" % (k.lower(), code(v.strip())) for k, v in found) + "."]
         out.append("")
-        tests = d / "tests.txt"
-        if tests.is_file():
+        tests = next((d / n for n in ("tests.txt", "03_tests.txt") if (d / n).is_file()), None)
+        if tests:
             last = [ln for ln in tests.read_text().splitlines() if ln.strip()][-1]
             out += ["`tests/test_gpu.py` on that machine: %s." % code(last), ""]
         out += ["Data: [`%s/`](%s)." % (rel(d), _link(d, ctx.page_dir)), ""]
@@ -831,11 +831,12 @@ def sec_other(ctx: Ctx) -> str | None:
         meta = read_meta(p)
 
         def cell(v: str) -> str:
+            """As written, but long floats (full precision from Python) to 4 figures."""
             try:
-                return v if float(v) == int(float(v)) and "." not in v else sig(float(v), 4)
-            except (ValueError, OverflowError):
+                return sig(float(v), 4) if len(v) > 8 and "." in v else v
+            except ValueError:
                 return v
-        out += ["### `%s`" % rel(p), ""]
+        out += ["### `%s`" % p.relative_to(ctx.results), ""]
         if meta.get("what"):
             out += [meta["what"], ""]
         out += [measured(meta), "", table(data[0], [[cell(v) for v in r] for r in data[1:] if r]),
