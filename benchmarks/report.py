@@ -602,8 +602,9 @@ def sec_projection(ctx: Ctx) -> str | None:
            "`cluster.csv`: t_comm = a + bits / (e x rate) on the \"comm only\" rows, and "
            "t_step = max(c, m) + tau x min(c, m) on the `mpi` rows; then projects ResNet-50 "
            "data-parallel training on n GPUs with e and tau capped at 1. The box's fixed cost "
-           "a (CPU scheduling on 2 time-sliced cores) is not carried over: each collective "
-           "pays a latency term per allreduce step instead.", "",
+           "a (CPU scheduling on 2 time-sliced cores) is not carried over: instead each of "
+           "the step's collectives pays a per-message latency for every latency term of the "
+           "allreduce between nodes.", "",
            measured(meta, "Computed"), ""]
     if fit:
         out += ["Fit (%s): a = %s ms per step, e = %.2f, tau = %.2f." % (
@@ -808,9 +809,7 @@ def sec_hybrid(ctx: Ctx) -> str:
         "every rank for its share of the keys (`--route sharded`, `dist_async_mpi` only). "
         "`.venv/bin/python benchmarks/hybrid.py` times a push/pull step of dense keys per "
         "store and route, each job started by `python -m mxnet_mpi.launch`, and prints a "
-        "table (JSON with `--out`); no results are kept here. On 2 cores the two routes "
-        "come out within the run-to-run noise; the sharded route is meant for hosts whose "
-        "links to the servers are the bottleneck.", ""])
+        "table (JSON with `--out`); no results are kept here.", ""])
 
 
 def sec_other(ctx: Ctx) -> str | None:
