@@ -88,6 +88,20 @@ def default_mode() -> str | None:
     return None
 
 
+def describe(csv_path: Path) -> str:
+    """A result a computation read: its path in the checkout and the date of its note."""
+    csv_path = Path(csv_path).resolve()
+    try:
+        name = str(csv_path.relative_to(ROOT))
+    except ValueError:
+        name = str(csv_path)
+    try:
+        date = json.loads(meta_path(csv_path).read_text())["date"]
+    except (OSError, ValueError, KeyError):
+        return name
+    return "%s of %s" % (name, date)
+
+
 def write_meta(csv_path: Path, **facts) -> Path:
     """Write the note for ``csv_path``; ``facts`` (JSON-serialisable) are added as given."""
     load = os.getloadavg()

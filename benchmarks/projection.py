@@ -31,7 +31,7 @@ import csv
 import math
 from pathlib import Path
 
-from meta import write_meta  # benchmarks/, the script's folder
+from meta import describe, write_meta  # benchmarks/, the script's folder
 
 HERE = Path(__file__).resolve().parent
 IMAGENET_TRAIN = 1_281_167
@@ -171,7 +171,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=list(out[0]))
         w.writeheader()
         w.writerows(out)
-    write_meta(outdir / "projection.csv", input=args.csv,
+    write_meta(outdir / "projection.csv", input=describe(args.csv),
                inputs={k: v for k, v in vars(args).items() if k not in ("csv", "outdir")},
                fit={"a_ms": round(a * 1e3, 1), "e": round(e, 3), "tau": round(tau, 3)})
     plot(out, outdir, args)
