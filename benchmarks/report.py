@@ -121,7 +121,10 @@ def measured(meta: dict, what: str = "Measured") -> str:
         parts.append("code: %s" % meta["code"])
     if meta.get("command"):
         parts.append("command: `%s`" % meta["command"])
-    return "*" + "; ".join(parts) + ".*"
+    line = "*" + "; ".join(parts) + ".*"
+    if meta.get("caveat"):
+        line += " **Note: %s.**" % meta["caveat"].rstrip(".")
+    return line
 
 
 # ---------------------------------------------------------------- formatting
