@@ -657,7 +657,8 @@ def sec_epoch(ctx: Ctx) -> str | None:
            "`examples/train_imagenet.py --synthetic` per kvstore and number of ranks; "
            "efficiency = images/s / (ranks x single-process images/s). The ImageNet-1K "
            "epoch is a **projection** (1,281,167 images / measured images/s), not a measured "
-           "epoch. Ranks marked * oversubscribe the 2 cores: that column measures "
+           "epoch. The ranks' communication is shared-memory copies and sums on the same 2 "
+           "cores that compute; ranks marked * oversubscribe them: that column measures "
            "oversubscription, not scaling. Scaling to many GPUs cannot be measured on such a "
            "machine (see the projection above).", "",
            measured(meta), ""]
