@@ -685,8 +685,8 @@ def faults_table(ctx: Ctx) -> tuple | None:
            table(["fault", "ranks", "what the ranks print", "named after", "job ended after",
                   "exit status"], body, {1, 3, 4, 5})]
     if meta.get("settings"):
-        out += ["", "Stall settings of the run: %s (the defaults are 60 s and 600 s; only the "
-                "stall rows depend on them)." % meta["settings"]]
+        out += ["", "Stall settings of the run: %s (only the stall rows depend on them; the "
+                "defaults: [settings.md](settings.md))." % meta["settings"]]
     out += ["", files_line(ctx, p)]
     return "\n".join(out), p
 
