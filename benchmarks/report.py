@@ -19,6 +19,7 @@ import argparse
 import csv
 import difflib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -186,7 +187,6 @@ def figure(png: Path, page_dir: Path, alt: str) -> str:
 
 
 def _link(path: Path, page_dir: Path) -> str:
-    import os
     return os.path.relpath(path, page_dir)
 
 
@@ -584,7 +584,8 @@ def sec_cluster(ctx: Ctx) -> str | None:
                 "call costs protocol round trips over these links, so the chunk size sets how "
                 "many a step pays.", "", measured(meta), ""]
         out += _cluster(ctx, p64, meta, False)
-        out += [files_line(ctx, p64), ""]
+        out += [files_line(ctx, p64),
+                figure(p64.with_suffix(".png"), ctx.page_dir, "cluster, 64 MiB chunks"), ""]
     return "\n".join(out)
 
 
