@@ -45,6 +45,8 @@ clean:
 
 # Benchmarks (tables on stdout; CSV + PNG in benchmarks/results/). Extra options:
 # make bench-allreduce BENCH_ARGS=--quick. Horovod rows need benchmarks/setup_horovod.sh.
+# Each CSV gets a note (<name>.meta.json: machine, date, load, command, commit);
+# BENCH_NOTE='machine shared with ...' adds to it. Then `make report`.
 bench-allreduce: build
 	$(PY) benchmarks/allreduce.py --np $(NP) $(BENCH_ARGS)
 

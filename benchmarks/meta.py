@@ -3,8 +3,9 @@
 ``write_meta(csv_path, **facts)`` writes ``<stem>.meta.json`` next to the CSV
 with the date (UTC), the machine (CPU model, cores, memory, GPUs), the load
 average when the run ended, the command line and the commit of the code, plus
-any benchmark-specific facts. ``benchmarks/report.py`` states these once per
-table in docs/benchmarks.md. Standard library only.
+any benchmark-specific facts, and the text of ``$BENCH_NOTE`` (e.g. "machine
+shared with other jobs") with the conditions. ``benchmarks/report.py`` states
+these once per table in docs/benchmarks.md. Standard library only.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def write_meta(csv_path: Path, **facts) -> Path:
         "code": code_version(),
         "default_mode": default_mode(),
     }
+    if os.environ.get("BENCH_NOTE", "").strip():
+        note["conditions"] = os.environ["BENCH_NOTE"].strip() + "; " + note["conditions"]
     note.update(facts)
     path = meta_path(csv_path)
     path.write_text(json.dumps(note, indent=2, sort_keys=False) + "\n")

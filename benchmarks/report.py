@@ -863,7 +863,8 @@ def benchmarks_page(results: Path, page_dir: Path) -> str:
             "or the results, then run `make report`. -->", "",
             "Each benchmark prints a table and writes a CSV (and most a PNG) into "
             "`benchmarks/results/`, with a note (`<name>.meta.json`) of the machine, date, "
-            "load, command and commit; `make report` turns them into this page. Run the "
+            "load, command and commit (and `$BENCH_NOTE`, if set, e.g. `BENCH_NOTE='machine "
+            "shared with other jobs'`); `make report` turns them into this page. Run the "
             "benchmarks without `mpirun` (they start their own jobs); `BENCH_ARGS=--quick` "
             "makes most of them shorter. Machines are shared and noisy: compare rows of one "
             "table, not across tables.", ""]
