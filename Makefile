@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 .PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \
-	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check report
+	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -45,7 +45,7 @@ clean:
 
 # Benchmarks (tables on stdout; CSV + PNG in benchmarks/results/). Extra options:
 # make bench-allreduce BENCH_ARGS=--quick. Horovod rows need benchmarks/setup_horovod.sh.
-# Each CSV gets a note (<name>.meta.json: machine, date, load, command, commit);
+# Each CSV gets a note beside it (machine, date, load, command, commit);
 # BENCH_NOTE='machine shared with ...' adds to it. Then `make report`.
 bench-allreduce: build
 	$(PY) benchmarks/allreduce.py --np $(NP) $(BENCH_ARGS)
@@ -61,6 +61,7 @@ bench-overhead: build
 
 # docs/benchmarks.md (and the generated blocks of other docs pages) from benchmarks/results/.
 # Standard library only: needs no build.
+.PHONY: report
 report:
 	$(or $(wildcard $(PY)),$(PYTHON)) benchmarks/report.py
 

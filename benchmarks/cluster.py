@@ -38,8 +38,6 @@ import sys
 import time
 from pathlib import Path
 
-from meta import write_meta  # benchmarks/, the script's folder
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -278,7 +276,6 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace, calib: dic
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    write_meta(outdir / "cluster.csv", quick=args.quick)
     print("\n%s, 2 hosts x 1 rank, batch %d/rank, %dx%d images, %.1f MB of gradients%s"
           % (args.model, args.batch, args.image_size, args.image_size, rows[0]["grad_MB"],
              "" if calib is None else ", calibration compute %.0f ms"

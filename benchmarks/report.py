@@ -91,9 +91,18 @@ def _convert(path: Path, line: int, col: str, value: str, kind: str):
                              "an integer" if kind == "int" else "a number")) from None
 
 
+# CSVs that another benchmark's run writes beside its own: they share its note.
+NOTE_OF = {"linkcheck.csv": "cluster.csv"}
+
+
 def read_meta(csv_path: Path) -> dict:
-    """The CSV's note: <stem>.meta.json beside it, else meta.json in its folder."""
-    for p in (csv_path.with_name(csv_path.stem + ".meta.json"), csv_path.parent / "meta.json"):
+    """The CSV's note: <stem>.meta.json beside it (benchmarks/meta.py), else <stem>.json
+    (cluster.py's), else meta.json in its folder, else the note of the CSV it was written
+    with (NOTE_OF)."""
+    names = [csv_path.stem + ".meta.json", csv_path.stem + ".json", "meta.json"]
+    if csv_path.name in NOTE_OF:
+        names += [Path(NOTE_OF[csv_path.name]).stem + s for s in (".meta.json", ".json")]
+    for p in (csv_path.parent / n for n in names):
         if p.is_file():
             try:
                 meta = json.loads(p.read_text())
@@ -116,6 +125,15 @@ def measured(meta: dict, what: str = "Measured") -> str:
         parts = ["%s %s on %s" % (what, meta["date"], meta["machine"])]
     if meta.get("conditions"):
         parts.append(meta["conditions"])
+    elif meta.get("load_average"):
+        load = meta["load_average"]
+        parts.append("load average %s" % (" to ".join(map(str, load))
+                                          if isinstance(load, list) else load))
+    for key in ("binding", "transport"):
+        if meta.get(key):
+            parts.append("%s: %s" % (key, meta[key]))
+    if meta.get("seconds"):
+        parts.append("took %s s" % meta["seconds"])
     if meta.get("quick"):
         parts.append("`--quick`")
     if meta.get("code"):
@@ -482,7 +500,7 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
     for r in rows:
         if r["store"] in ("compute only", "comm only"):
             continue
-        store = "mpi (%s)" % mode if r["store"] == "mpi" and mode else r["store"]
+        store = "mpi (%s)" % (mode or "default mode") if r["store"] == "mpi" else r["store"]
         vs = r.get("vs_bound") if "vs_bound" in opt else None
         spd = r.get("vs_no_overlap") if "vs_no_overlap" in opt else None
         if vs is None and r["ms_per_step"] is not None:

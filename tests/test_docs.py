@@ -89,17 +89,25 @@ def test_report_takes_new_columns_and_csvs(results, tmp_path):
     lines[0] += ",hosts,wire_ms,cpu_per_wall,spare"
     lines[1:] = [ln + ",2,171.3,1.25,x%d" % i for i, ln in enumerate(lines[1:])]
     cluster.write_text("\n".join(lines) + "\n")
+    # cluster.py's own note of the run, which linkcheck.csv (written by the same run) shares
+    (results / "cluster.json").write_text(
+        '{"date": "2026-01-01T00:00:00Z", "machine": "vm, 2 cores", "binding": "cores", '
+        '"transport": "btl_tcp_links=4", "load_average": ["1.0", "2.0"], "quick": true}')
     (results / "linkcheck.csv").write_text("link,measured_gbit\nveth0,1.98\n")
-    (results / "linkcheck.meta.json").write_text('{"date": "2026-01-01", "machine": "m"}')
+    (results / "faults.csv").rename(results / "other.csv")
+    (results / "faults.meta.json").rename(results / "other.meta.json")
     out = tmp_path / "benchmarks.md"
     r = report("--results", str(results), "--out", str(out), "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     assert "| hosts | link Gb/s | store | ms/step | vs max | speed-up | CPU/wall | note | spare |" \
         in page
-    assert "| 2 | 2 | mpi (funneled) | 998 | 1.45 | 1.16 | 1.25 |  | x3 |" in page
+    assert "| 2 | 2 | mpi (default mode) | 998 | 1.45 | 1.16 | 1.25 |  | x3 |" in page
     assert "wire time" in page and "171" in page
-    assert "### `" in page and "linkcheck.csv" in page and "| veth0 | 1.98 |" in page
+    assert "### `linkcheck.csv`" in page and "| veth0 | 1.98 |" in page
+    assert "### `other.csv`" in page and "prterun noticed" in page
+    assert page.count("*Measured 2026-01-01T00:00:00Z on vm, 2 cores; load average 1.0 to 2.0; "
+                      "binding: cores; transport: btl_tcp_links=4; `--quick`.*") == 2
 
 
 def _slugs(page: Path) -> set:
