@@ -45,6 +45,8 @@ clean:
 
 # Benchmarks (tables on stdout; CSV + PNG in benchmarks/results/). Extra options:
 # make bench-allreduce BENCH_ARGS=--quick. Horovod rows need benchmarks/setup_horovod.sh.
+# Each CSV gets a note beside it (machine, date, load, command, commit);
+# BENCH_NOTE='machine shared with ...' adds to it. Then `make report`.
 bench-allreduce: build
 	$(PY) benchmarks/allreduce.py --np $(NP) $(BENCH_ARGS)
 
@@ -57,7 +59,15 @@ bench-overlap: build
 bench-overhead: build
 	$(PY) benchmarks/overhead.py --np $(NP) $(BENCH_ARGS)
 
-# GPU check (README "GPU path"): prepare the parts here, run the check on a GPU machine.
+# docs/benchmarks.md (and the generated blocks of other docs pages) from benchmarks/results/.
+# Standard library only: needs no build.
+.PHONY: report
+report:
+	$(or $(wildcard $(PY)),$(PYTHON)) benchmarks/report.py
+
+# GPU check (docs/gpu.md): prepare the parts here, run the check on a GPU machine.
+GPU_STAGE ?= .gpu
+GPU_RESULTS ?= gpu-results
 gpu-prepare: build
 	tools/gpu_prepare.sh .gpu
 

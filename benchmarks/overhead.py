@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODES = ("chained", "funneled", "concurrent")
@@ -423,6 +425,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=["part", "bytes", "what", "value", "unit"])
         w.writeheader()
         w.writerows(rows)
+    write_meta(outdir / "overhead.csv", quick=args.quick)
     plot(rows, outdir / "overhead.png")
     print("\nwrote %s and %s" % (outdir / "overhead.csv", outdir / "overhead.png"))
 
