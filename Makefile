@@ -13,10 +13,11 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
 
-# Two tests at a time: most of a test's time is MXNet's import (about 1.8 s of
-# CPU per process) and waiting on timeouts, so two workers fill two cores.
+# Two workers fill two cores: most of a test's time is MXNet's import (about 2 s
+# of CPU per process) and waiting on timeouts. A file stays on one worker, so
+# its shared results are made once; tests/conftest.py starts the longest first.
 test: build
-	$(PY) -m pytest tests -q -n 2
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder
 
 build: $(VENV)/.built
 
