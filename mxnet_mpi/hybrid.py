@@ -59,6 +59,7 @@ from .kvstore import (
     _group,
     on_deferred_init,
 )
+from .server_keys import ServerKeys
 from .world import Communicator, local_size
 from .world import init as init_world
 from .world import on_exit as on_world_exit
@@ -204,6 +205,7 @@ class HybridKVStore(MPIKVStore):
         self._all_rows: dict = {}            # key -> arange(rows), to pull a whole weight
         self._owners: dict = {}
         self._server_keys: set = set()       # keys initialised on the servers by this store
+        self._ps_keys = ServerKeys(self.type)  # their ints on the servers
         self._ps_errors: dict = {}           # key -> a failed server push, raised at its pull
         self.routes: dict = {}               # key -> 'dense' or 'row_sparse' (introspection)
         self.stats: collections.Counter = collections.Counter()
@@ -368,7 +370,8 @@ class HybridKVStore(MPIKVStore):
             buf = self._gbuf[key] = mx.nd.empty(src.shape, ctx=src.context, dtype=src.dtype)
         self._group_allreduce(key, src, buf, priority)
         if self._owns(key):
-            self._server_call(key, "push", lambda: self._dist.push(key, buf, priority=priority))
+            self._server_call(key, "push", lambda: self._dist.push(self._ps_keys.of(key), buf,
+                                                                   priority=priority))
             self.stats["server_push_dense"] += 1
 
     def _server_call(self, key, verb: str, fn) -> None:
@@ -423,7 +426,8 @@ class HybridKVStore(MPIKVStore):
                 pulled = mx.nd.sparse.zeros("row_sparse", outs[0].shape, dtype=outs[0].dtype)
 
                 def pull_rows():
-                    self._dist.row_sparse_pull(key, out=pulled, row_ids=all_rows,
+                    self._dist.row_sparse_pull(self._ps_keys.of(key), out=pulled,
+                                               row_ids=all_rows,
                                                priority=priority)
                     pulled.copyto(outs[0])
                     outs[0].wait_to_read()   # a server error surfaces here, not later
@@ -437,7 +441,8 @@ class HybridKVStore(MPIKVStore):
                     with _server_flight(outs[0], "parameter-server pull of key %r (group "
                                         "%d; waits for the servers and every group's push)"
                                         % (key, self._group_id)):
-                        self._dist.pull(key, out=outs[0], priority=priority)
+                        self._dist.pull(self._ps_keys.of(key), out=outs[0],
+                                        priority=priority)
                     outs[0].wait_to_read()
 
                 self._server_call(key, "pull", pull)
@@ -490,7 +495,8 @@ class HybridKVStore(MPIKVStore):
             rsp = mx.nd.sparse.row_sparse_array(
                 (block_nd, mx.nd.array(union, dtype="int64")), shape=shape, dtype=dtype)
             self._server_call(key, "row_sparse push",
-                              lambda: self._dist.push(key, rsp, priority=priority))
+                              lambda: self._dist.push(self._ps_keys.of(key), rsp,
+                                                      priority=priority))
             self.stats["server_push_row_sparse"] += 1
 
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None) -> None:
@@ -525,7 +531,7 @@ class HybridKVStore(MPIKVStore):
                     pulled = mx.nd.sparse.zeros("row_sparse", shape, dtype=dtype)
 
                     def pull_rows(pulled=pulled, k=k, union=union):
-                        self._dist.row_sparse_pull(k, out=pulled,
+                        self._dist.row_sparse_pull(self._ps_keys.of(k), out=pulled,
                                                    row_ids=mx.nd.array(union, dtype="int64"),
                                                    priority=priority)
                         pulled.wait_to_read()
@@ -584,10 +590,12 @@ class HybridKVStore(MPIKVStore):
         to the weight) and kill a dist_async server without an updater. Every
         group runs the same program, so all groups skip the same keys."""
         fresh = [(k, v) for k, v in zip(keys, values) if k not in self._server_keys]
+        for k, _ in fresh:
+            self._ps_keys.register(k)
         self._server_keys.update(k for k, _ in fresh)
         if fresh and self._dist is not None:
             # One call: ps-lite's init ends with a barrier among its workers.
-            self._dist.init([k for k, _ in fresh], [v for _, v in fresh])
+            self._dist.init([self._ps_keys.of(k) for k, _ in fresh], [v for _, v in fresh])
 
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """World rank 0's `value` into `out` on every rank; also the servers'
@@ -632,7 +640,7 @@ class HybridKVStore(MPIKVStore):
         _check_optimizer(optimizer)
         self._optimizer = optimizer
         if self._world.rank == 0:
-            self._dist.set_optimizer(optimizer)
+            self._dist.set_optimizer(self._ps_keys.optimizer(optimizer))
         _world_sum(self._world, [1])   # barrier
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
@@ -672,6 +680,12 @@ class HybridKVStore(MPIKVStore):
         then row_sparse gathers and pushes, then pulls and group broadcasts.
         With `batch_size` (local updates: the servers return sums), the batch
         sizes are summed over the world first; returns them."""
+        if not update_on_kvstore and self._optimizer is not None:
+            # the servers would return updated weights where the Trainer reads sums
+            raise MPIKVStoreError("kvstore '%s' already runs an optimizer on its servers "
+                                  "(set_optimizer, or a Trainer with update_on_kvstore=True): "
+                                  "a Trainer with update_on_kvstore=False needs a store whose "
+                                  "servers only sum" % self.type)
         agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
         with self.serving(what):
             self._allreduce_phases(params, update_on_kvstore)
