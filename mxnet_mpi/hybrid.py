@@ -47,18 +47,12 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, ops
+from . import _native, ops, settings
 from .collectives import Call, Stream, token_call
 from .errors import MPIKVStoreError
+from .keys import as_list, broadcast_groups, check_optimizer, key_groups
 from .keys import check_key as _check_key
-from .kvstore import (
-    MPIKVStore,
-    _as_list,
-    _broadcast_groups,
-    _check_optimizer,
-    _group,
-    on_deferred_init,
-)
+from .kvstore import MPIKVStore, on_deferred_init
 from .server_keys import ServerKeys
 from .world import Communicator, local_size
 from .world import init as init_world
@@ -97,16 +91,6 @@ def _server_flight(arr, desc: str):
     _native.server_wait(arr, desc, False, wait)
 
 
-def _env_positive_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise MPIKVStoreError("%s must be an integer, got %r" % (name, raw)) from None
-    if value <= 0:
-        raise MPIKVStoreError("%s must be > 0, got %d" % (name, value))
-    return value
-
-
 def _world_sum(world: Communicator, values: list) -> np.ndarray:
     """Blocking sum of small int64 `values` over the world (construction-time checks)."""
     arr = mx.nd.array(np.asarray(values, dtype=np.int64), dtype="int64")
@@ -120,9 +104,8 @@ def resolve_group_size(world: Communicator | None = None) -> int:
     Collective over the world when the default is used (every rank must see
     the same local size). Raises MPIKVStoreError unless it divides the world."""
     world = world if world is not None else init_world()
-    raw = os.environ.get(GROUP_SIZE_ENV, "").strip()
-    if raw:
-        size = _env_positive_int(GROUP_SIZE_ENV, raw)
+    size = settings.get(GROUP_SIZE_ENV)
+    if size is not None:
         source = GROUP_SIZE_ENV
     else:
         size = local_size()
@@ -140,11 +123,7 @@ def resolve_group_size(world: Communicator | None = None) -> int:
 
 def route_from_env() -> str:
     """'leader' or 'sharded' from $MXNET_MPI_HYBRID_ROUTE (default 'leader')."""
-    route = os.environ.get(ROUTE_ENV, "leader").strip().lower() or "leader"
-    if route not in ROUTES:
-        raise MPIKVStoreError("unknown %s %r; choose one of %s"
-                              % (ROUTE_ENV, route, ", ".join(ROUTES)))
-    return route
+    return settings.get(ROUTE_ENV)
 
 
 def expected_ps_workers(route: str, world_size: int, num_groups: int) -> int:
@@ -396,7 +375,7 @@ class HybridKVStore(MPIKVStore):
             if internal is None:
                 self._group_broadcast(key, arr, priority)
             else:
-                self._internal(_native.BROADCAST, arr, internal, root=self.owner(key))
+                self.internal_collective(_native.BROADCAST, arr, internal, root=self.owner(key))
                 self.stats["group_broadcast"] += 1
             return
         if internal is None:
@@ -456,7 +435,7 @@ class HybridKVStore(MPIKVStore):
         counts = np.zeros(self._group_size, dtype=np.int64)
         counts[self._comm.rank] = ids.size
         counts_nd = mx.nd.array(counts, dtype="int64")
-        self._internal(_native.ALLREDUCE, counts_nd, "row counts of key %r" % (key,))
+        self.internal_collective(_native.ALLREDUCE, counts_nd, "row counts of key %r" % (key,))
         counts = counts_nd.asnumpy()
         total = int(counts.sum())
         if total == 0:
@@ -465,7 +444,7 @@ class HybridKVStore(MPIKVStore):
         all_ids = np.zeros(total, dtype=np.int64)
         all_ids[start:start + ids.size] = ids
         all_nd = mx.nd.array(all_ids, dtype="int64")
-        self._internal(_native.ALLREDUCE, all_nd, "row ids of key %r" % (key,))
+        self.internal_collective(_native.ALLREDUCE, all_nd, "row ids of key %r" % (key,))
         return np.unique(all_nd.asnumpy())
 
     def _push_row_sparse(self, key, values: list, priority: int) -> None:
@@ -489,7 +468,8 @@ class HybridKVStore(MPIKVStore):
         block_nd = mx.nd.array(block, dtype=dtype)
         if union.size:
             # rows differ from step to step: described by key, not by a fixed layout
-            self._internal(_native.ALLREDUCE, block_nd, "row_sparse gradient of key %r" % (key,))
+            self.internal_collective(_native.ALLREDUCE, block_nd,
+                                     "row_sparse gradient of key %r" % (key,))
             self.stats["group_allreduce"] += 1
         if self._owns(key):
             rsp = mx.nd.sparse.row_sparse_array(
@@ -516,7 +496,7 @@ class HybridKVStore(MPIKVStore):
         for k, outs, ids in zip(keys, outs_all, ids_all):
             _check_key(k)
             self._require_init(k, "row_sparse_pull")
-            outs, ids_list = _as_list(outs), _as_list(ids)
+            outs, ids_list = as_list(outs), as_list(ids)
             if len(ids_list) == 1:
                 ids_list = ids_list * len(outs)
             wanted = [np.unique(i.asnumpy().astype(np.int64)) for i in ids_list]
@@ -558,7 +538,7 @@ class HybridKVStore(MPIKVStore):
         """Initialise `key` with world rank 0's value, on the servers too (stored
         row_sparse there if `value` is row_sparse)."""
         keys, vals = [], []
-        for k, values, _ in _group(key, value, None):
+        for k, values, _ in key_groups(key, value, None):
             keys.append(k)
             vals.append(self._spread_initial(k, values, values[0].stype == "row_sparse"))
         self._server_init(keys, vals)
@@ -601,7 +581,7 @@ class HybridKVStore(MPIKVStore):
         """World rank 0's `value` into `out` on every rank; also the servers'
         initial value of `key` (as MXNet's dist stores do)."""
         keys, vals = [], []
-        for k, values, outs in _broadcast_groups(key, value, out):
+        for k, values, outs in broadcast_groups(key, value, out):
             if outs[0] is not values[0]:
                 values[0].copyto(outs[0])
             keys.append(k)
@@ -610,7 +590,7 @@ class HybridKVStore(MPIKVStore):
 
     def push(self, key, value, priority: int = 0) -> None:
         """Sum `value` over devices and the group; the owner pushes it to the servers."""
-        for k, values, _ in _group(key, value, None):
+        for k, values, _ in key_groups(key, value, None):
             if values[0].stype == "row_sparse":
                 self._push_row_sparse(k, values, priority)
             else:
@@ -620,7 +600,7 @@ class HybridKVStore(MPIKVStore):
         """The servers' value of `key` into `out` (owner pulls, group broadcast)."""
         if out is None:
             raise MPIKVStoreError("pull needs `out`")
-        for k, outs, _ in _group(key, out, None):
+        for k, outs, _ in key_groups(key, out, None):
             _check_key(k)
             if outs[0].stype == "row_sparse":
                 if ignore_sparse:
@@ -637,7 +617,7 @@ class HybridKVStore(MPIKVStore):
     def set_optimizer(self, optimizer) -> None:
         """Send `optimizer` to the servers (once, from world rank 0); every rank
         waits until it is there, so no push can reach a server before it."""
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         self._optimizer = optimizer
         if self._world.rank == 0:
             self._dist.set_optimizer(self._ps_keys.optimizer(optimizer))

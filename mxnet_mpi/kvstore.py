@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import pickle
 from typing import Sequence
 
@@ -21,11 +20,12 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, modes, staging
+from . import _native, modes, settings, staging
 from .batch_sizes import BatchSizes
 from .collectives import (
     FLOAT_DTYPES,
     Call,
+    Stream,
     check_array,
     check_same_layout,
     on_host,
@@ -33,7 +33,7 @@ from .collectives import (
 )
 from .errors import MPIKVStoreError
 from .joining import join_store, register
-from .keys import Key, KeyBook, check_key
+from .keys import Key, KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
 from .trainer_plan import TrainerPlan
 from .world import Communicator, require_usable
 from .world import init as init_world
@@ -43,25 +43,7 @@ _announced = False
 
 SPARSE_HINT = ("; use MXNet's kvstore='dist_sync' (parameter server) for row_sparse "
                "gradients or weights")
-AVERAGE_ENV = "MXNET_MPI_AVERAGE"
 COMPRESSIONS = ("none", "fp16")
-
-
-def _as_list(x) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _group(key, value, out) -> list:
-    """Normalise (key, value, out) into [(key, [values], [outs] or None)]."""
-    if isinstance(key, (list, tuple)):
-        values = _as_list(value)
-        outs = _as_list(out) if out is not None else [None] * len(key)
-        if len(values) != len(key) or len(outs) != len(key):
-            raise MPIKVStoreError("got %d keys but %d values and %d outs"
-                                  % (len(key), len(values), len(outs)))
-        return [(k, _as_list(v), None if o is None else _as_list(o))
-                for k, v, o in zip(key, values, outs)]
-    return [(key, _as_list(value), None if out is None else _as_list(out))]
 
 
 def _legacy_view(arr):
@@ -70,24 +52,6 @@ def _legacy_view(arr):
     shapes (legacy reshape is a view; mx.np's reshape would copy)."""
     legacy = arr.as_nd_ndarray() if isinstance(arr, mx.np.ndarray) else arr
     return legacy.reshape((legacy.size,)) if legacy.ndim == 0 else legacy
-
-
-def _broadcast_groups(key, value, out) -> list:
-    """_group() for broadcast: every key needs `out` and exactly one value."""
-    groups = _group(key, value, out)
-    for k, values, outs in groups:
-        if outs is None:
-            raise MPIKVStoreError("broadcast needs `out` for key %r" % (k,))
-        if len(values) != 1:
-            raise MPIKVStoreError("broadcast takes one value per key, got %d for key %r"
-                                  % (len(values), k))
-    return groups
-
-
-def _check_optimizer(optimizer) -> None:
-    if not isinstance(optimizer, mx.optimizer.Optimizer):
-        raise MPIKVStoreError("set_optimizer expects an mx.optimizer.Optimizer, got %s"
-                              % type(optimizer).__name__)
 
 
 def on_deferred_init(param, fn) -> None:
@@ -144,8 +108,8 @@ class MPIKVStore(KVStoreBase):
         self._updater = None
         self._optimizer = None
         self._compression = "none"
-        self._average = (os.environ.get(AVERAGE_ENV, "0").strip() not in ("", "0")
-                         if average is None else bool(average))
+        self._average = bool(settings.get("MXNET_MPI_AVERAGE") if average is None
+                             else average)
         self._plan = TrainerPlan(self)
         # pushpull of one key with the same arrays again: key -> (value, out,
         # priority, pointer to its prebuilt call, the call)
@@ -192,6 +156,22 @@ class MPIKVStore(KVStoreBase):
     @property
     def type(self) -> str:
         return "mpi_" + self._mode
+
+    @property
+    def comm(self) -> Communicator:
+        """The communicator the store reduces over (its stream has a private
+        duplicate of it)."""
+        return self._comm
+
+    @property
+    def stream(self) -> Stream:
+        """The store's native stream (collectives.Stream)."""
+        return self._stream
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._closed
 
     @property
     def mode(self) -> str:
@@ -361,7 +341,7 @@ class MPIKVStore(KVStoreBase):
 
         self._run([(key, [src], [dst])], build, op, verb)
 
-    def _internal(self, op: int, arr, desc: str, root: int = 0) -> None:
+    def internal_collective(self, op: int, arr, desc: str, root: int = 0) -> None:
         """An in-place collective on a host array outside any key (its layout may
         change between calls), described by `desc` (what ranks agree on)."""
         self._usable()
@@ -373,7 +353,7 @@ class MPIKVStore(KVStoreBase):
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Copy rank 0's `value` into `out` (an array or list) on every rank."""
-        groups = _broadcast_groups(key, value, out)
+        groups = broadcast_groups(key, value, out)
 
         def build(k, values, outs):
             self._checked(k, values, outs, "broadcast")
@@ -396,7 +376,7 @@ class MPIKVStore(KVStoreBase):
             # The same arrays as last time: the native side checks their layout.
             self._stream.push_raw(fast[3], 1, self._context)
             return
-        self._reduce(_group(key, value, out), lambda k: priority)
+        self._reduce(key_groups(key, value, out), lambda k: priority)
         if type(key) in (int, str) and isinstance(value, mx.nd.NDArray) \
                 and len(self._last_calls) == 1 and not staging.needs_staging(value) \
                 and (out is None or (isinstance(out, mx.nd.NDArray) and on_host(out))):
@@ -416,7 +396,7 @@ class MPIKVStore(KVStoreBase):
 
     def init(self, key, value) -> None:
         """Initialise `key` with rank 0's `value` (written back into `value` too)."""
-        groups = _group(key, value, None)
+        groups = key_groups(key, value, None)
 
         def build(k, values, outs):
             self._checked(k, values, None, "broadcast")
@@ -430,7 +410,7 @@ class MPIKVStore(KVStoreBase):
     def push(self, key, value, priority: int = 0) -> None:
         """Sum `value` over devices and ranks into the stored value of `key`
         (or, with an optimizer set, apply the update to the stored weight)."""
-        groups = _group(key, value, None)
+        groups = key_groups(key, value, None)
         updates = []
 
         def build(k, values, outs):
@@ -459,7 +439,7 @@ class MPIKVStore(KVStoreBase):
         """Copy the stored value of `key` (from init or push) into `out`."""
         if out is None:
             raise MPIKVStoreError("pull needs `out`")
-        for k, outs, _ in _group(key, out, None):
+        for k, outs, _ in key_groups(key, out, None):
             check_key(k)
             if k not in self._stored:
                 raise MPIKVStoreError("pull of key %r, which was never initialised: call "
@@ -495,7 +475,7 @@ class MPIKVStore(KVStoreBase):
     def set_optimizer(self, optimizer) -> None:
         """Apply `optimizer` locally on every rank to values pushed with push();
         every rank holds identical weights, so no server is needed."""
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
 
