@@ -265,14 +265,14 @@ def worker_fusion(args) -> dict:
     times = []
     trainer.allreduce_grads()
     mx.nd.waitall()
-    issued0 = trainer._kvstore._stream.info()[0]
+    issued0 = trainer._kvstore.stream.info()[0]
     for _ in range(reps):
         comm.Barrier()
         t = time.perf_counter()
         trainer.allreduce_grads()
         mx.nd.waitall()
         times.append(time.perf_counter() - t)
-    calls = (trainer._kvstore._stream.info()[0] - issued0) // reps
+    calls = (trainer._kvstore.stream.info()[0] - issued0) // reps
     mxnet_mpi.finalize()
     return {"step_comm_ms": _median(times) * 1e3, "collectives": calls}
 
