@@ -65,8 +65,8 @@ class _Set:
 
     def __init__(self, ranks: tuple, comm, stream) -> None:
         self.ranks = ranks
-        self._comm = comm
-        self._stream = stream
+        self.comm = comm
+        self.stream = stream
 
 
 class _State:
@@ -160,7 +160,7 @@ def _entry(process_set_id: int) -> tuple:
     entry = _state.sets.get(process_set_id)
     if entry is None:
         raise ValueError("Process set does not exist or has not been registered.")
-    return len(entry.ranks), entry._comm.rank if entry._comm is not None else None
+    return len(entry.ranks), entry.comm.rank if entry.comm is not None else None
 
 
 def _agree(what: str, error: BaseException | None = None) -> None:
@@ -213,10 +213,10 @@ def _register(ranks: tuple) -> int:
 
 def _unregister(set_id: int) -> None:
     entry = _state.sets.pop(set_id)
-    if entry._stream is not None:
-        entry._stream.close()   # its threads and communicator go once nothing is pending
-    if entry._comm is not None:
-        entry._comm.free()
+    if entry.stream is not None:
+        entry.stream.close()   # its threads and communicator go once nothing is pending
+    if entry.comm is not None:
+        entry.comm.free()
     _state.free_ids.append(set_id)
 
 
@@ -272,7 +272,7 @@ def _where(process_set, what: str) -> _Set | None:
             "hvd.%s: %s is not a registered process set (register it with "
             "hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank; a removed "
             "set cannot be used)" % (what, process_set))
-    if entry._stream is None:
+    if entry.stream is None:
         raise MPIKVStoreError("hvd.%s: rank %d is not a member of the provided process set %s"
                               % (what, rank(), process_set))
     return entry
@@ -896,7 +896,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._batch_sizes = BatchSizes()
         entry = _where(self._process_set, "DistributedTrainer")
         self._agreed = self._batch_sizes.push(
-            stream_for(None) if entry is None else entry._stream, batch_size,
+            stream_for(None) if entry is None else entry.stream, batch_size,
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode())
 
     def step(self, batch_size, ignore_stale_grad=False):

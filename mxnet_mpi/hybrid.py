@@ -134,8 +134,6 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         open_stores.add(self)
         close_at_exit()
 
-    # ------------------------------------------------------------ set-up
-
     def close(self) -> None:
         """Leave the parameter server (ps-lite's exit barrier among its workers)
         and free the MPI side. Called at the end of the program; idempotent."""
@@ -179,22 +177,12 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         """Size of the MPI world."""
         return self._world.size
 
-
     @staticmethod
     def is_capable(capability: str) -> bool:
         """The optimizer runs on the servers: Trainer uses update_on_kvstore."""
         if capability.lower() == KVStoreBase.OPTIMIZER:
             return True
         raise MPIKVStoreError("unknown capability %r" % (capability,))
-
-    # ------------------------------------------------------------ routing helpers
-
-
-    # ------------------------------------------------------------ dense path
-
-
-    # ------------------------------------------------------------ sparse path
-
 
     # ------------------------------------------------------------ KVStoreBase API
     def init(self, key, value) -> None:
@@ -205,7 +193,6 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
             keys.append(k)
             vals.append(self._spread_initial(k, values, values[0].stype == "row_sparse"))
         self._server_init(keys, vals)
-
 
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """World rank 0's `value` into `out` on every rank; also the servers'

@@ -175,9 +175,6 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
             return False
         raise MPIKVStoreError("unknown capability %r" % (capability,))
 
-    # ------------------------------------------------------------ building calls
-
-
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Copy rank 0's `value` into `out` (an array or list) on every rank."""
@@ -339,9 +336,6 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         copied from that rank, so every rank continues identically."""
         self._usable()
         return join_store(self, params, updater)
-
-    # ------------------------------------------------------------ Trainer and Module glue
-
 
     def __getstate__(self):
         raise pickle.PicklingError("an MPI kvstore cannot be pickled")

@@ -49,8 +49,8 @@ class _Channel:
     to create: made at a layer's first training forward, in program order)."""
 
     def __init__(self, name: str) -> None:
-        self._comm = init_world()
-        self._stream = create_stream("concurrent", self._comm, name)
+        self.comm = init_world()
+        self.stream = create_stream("concurrent", self.comm, name)
 
 
 # Why these channels. A stream runs its collectives in push order. Forward
