@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import runpy
 import socket
 import sys
 import time
 import traceback
+import warnings
 
 import mxnet as mx
 
@@ -55,6 +57,11 @@ def run_request(req: dict, rank: int) -> int:
     saved_env = dict(os.environ)
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     saved_cwd = os.getcwd()
+    # Warnings and logging as a new process has them: filters, the record of
+    # warnings already shown once (invalidated by _filters_mutated), root handlers.
+    saved_filters, saved_show = list(warnings.filters), warnings.showwarning
+    warnings._filters_mutated()
+    saved_handlers, saved_level = list(logging.root.handlers), logging.root.level
     sys.stdout.flush()
     sys.stderr.flush()
     fds = (os.dup(1), os.dup(2))
@@ -111,6 +118,11 @@ def run_request(req: dict, rank: int) -> int:
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
         os.chdir(saved_cwd)
+        warnings.filters[:] = saved_filters
+        warnings.showwarning = saved_show
+        warnings._filters_mutated()
+        logging.root.handlers[:] = saved_handlers
+        logging.root.setLevel(saved_level)
     return status
 
 
