@@ -8,6 +8,7 @@ import time
 
 import pytest
 from mpirun import run_mpi
+from pool import run_pooled
 
 SECTIONS = "init_shape,deferred_shape,later,bad_value,names_differ,module_shape"
 FAST = {"MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "4",
@@ -16,7 +17,7 @@ FAST = {"MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "4",
 
 @pytest.mark.parametrize("mode", ["chained", "funneled"])   # relay op / lane thread errors
 def test_messages_name_parameter_key_step_and_call(tmp_path, mode):
-    run_mpi("param_names.py", 2, mode, str(tmp_path), SECTIONS, timeout=180)
+    run_pooled("param_names.py", 2, mode, str(tmp_path), SECTIONS, timeout=180)
     for r in range(2):
         out = json.loads((tmp_path / ("rank%d.json" % r)).read_text())
         bad = {k: v for k, v in out["sections"].items() if v["status"] != "OK"}
