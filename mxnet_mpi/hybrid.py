@@ -59,13 +59,13 @@ from .kvstore import (
     _group,
     on_deferred_init,
 )
+from .routes import ROUTES, expected_ps_workers  # noqa: F401  (part of this module's API)
 from .world import Communicator, local_size
 from .world import init as init_world
 from .world import on_exit as on_world_exit
 
 GROUP_SIZE_ENV = "MXNET_MPI_GROUP_SIZE"
 ROUTE_ENV = "MXNET_MPI_HYBRID_ROUTE"
-ROUTES = ("leader", "sharded")
 LAUNCH_HINT = ("; start the job with `python -m mxnet_mpi.launch -n N --groups G --servers S "
                "-- python train.py`, which starts ps-lite and sets every DMLC_* variable")
 
@@ -144,11 +144,6 @@ def route_from_env() -> str:
         raise MPIKVStoreError("unknown %s %r; choose one of %s"
                               % (ROUTE_ENV, route, ", ".join(ROUTES)))
     return route
-
-
-def expected_ps_workers(route: str, world_size: int, num_groups: int) -> int:
-    """DMLC_NUM_WORKER that a route needs."""
-    return num_groups if route == "leader" else world_size
 
 
 class HybridKVStore(MPIKVStore):

@@ -37,7 +37,9 @@ import threading
 import time
 from pathlib import Path
 
-from .hybrid import ROUTES, expected_ps_workers
+from .launch_watch import RankWatch
+from .report import ENV as REPORT_ENV
+from .routes import ROUTES, expected_ps_workers
 
 PREFIX = "mxnet_mpi.launch: "
 # Run a command with a parent-death signal (PR_SET_PDEATHSIG survives exec): if the
@@ -160,7 +162,8 @@ class Child:
 
 
 def teardown(children: list, grace: float) -> None:
-    """SIGTERM every child, wait up to `grace` seconds, SIGKILL what is left."""
+    """SIGTERM every child, wait up to `grace` seconds, SIGKILL what is left
+    (mpirun's whole session: its ranks and daemons started from here)."""
     for c in children:
         if c.poll() is None:
             c.signal(signal.SIGTERM)   # mpirun forwards it to the ranks
@@ -275,17 +278,24 @@ def hosts_filled(hostfile: str, n: int, error) -> int:
     return len(counts)
 
 
-def job_env(args: argparse.Namespace) -> tuple:
+def this_host(args: argparse.Namespace) -> str:
+    """The address the ranks reach this host at (scheduler, rank reports)."""
+    return args.ps_host or (socket.gethostbyname(socket.gethostname()) if args.hostfile
+                            else "127.0.0.1")
+
+
+def job_env(args: argparse.Namespace, report_to: str | None = None) -> tuple:
     """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     exported = {"MXNET_MPI_HYBRID_ROUTE": args.route}
+    if report_to:
+        exported[REPORT_ENV] = report_to
     if not args.per_host:   # else the store's default: the ranks of one host
         exported["MXNET_MPI_GROUP_SIZE"] = str(args.n // args.groups)
     ps_env = None
     if args.servers:
-        host = args.ps_host or (socket.gethostbyname(socket.gethostname()) if args.hostfile
-                                else "127.0.0.1")
+        host = this_host(args)
         num_workers = expected_ps_workers(args.route, args.n, args.groups)
         base = {"DMLC_PS_ROOT_URI": host,
                 "DMLC_PS_ROOT_PORT": str(args.port or free_port(host)),
@@ -306,7 +316,8 @@ def job_env(args: argparse.Namespace) -> tuple:
 def main(argv: list | None = None) -> int:
     """Run the job; return the exit status (non-zero if any process failed)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    env, ps_env, exported = job_env(args)
+    watch = RankWatch(args.n, this_host(args))
+    env, ps_env, exported = job_env(args, watch.address)
     children: list = []
     stopping = {"signal": 0}
 
@@ -341,15 +352,38 @@ def main(argv: list | None = None) -> int:
                                   for c in children))
         log("%d rank(s) in %d group(s) of %s" % (args.n, args.groups, args.n // args.groups)
             + (" (one per host)" if args.per_host else ""))
-        return _supervise(children, mpirun, args.grace, stopping)
+        return _supervise(children, mpirun, args.grace, stopping, watch)
     finally:
         teardown(children, args.grace)   # idempotent; also after an error while starting
+        watch.close()
         for s, h in old.items():
             signal.signal(s, h)
 
 
-def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> int:
+def _verdict(watch: RankWatch, rc: int) -> int:
+    """Exit status for mpirun's `rc` and what the ranks reported; names every
+    host whose ranks did not finish cleanly (Open MPI's mpirun exits 0 when it
+    loses a whole host)."""
+    lines = watch.verdict()
+    for line in lines:
+        log(line)
+    if lines and rc == 0:
+        log("mpirun exited 0, but not every rank finished cleanly: the job failed")
+        return 1
+    return rc
+
+
+def _settle(watch: RankWatch, timeout: float = 3.0) -> None:
+    """Give the ranks' last reports (and their connections' ends) time to arrive."""
+    deadline = time.monotonic() + timeout
+    while watch.reporting and not watch.all_closed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
+               watch: RankWatch) -> int:
     servers = [c for c in children if c is not mpirun]
+    failing_since = None
     while True:
         if stopping["signal"]:
             log("got %s: stopping every process" % signal.Signals(stopping["signal"]).name)
@@ -357,11 +391,14 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> i
             return 128 + stopping["signal"]
         rc = mpirun.poll()
         if rc is not None:
+            _settle(watch)
             if rc != 0:
                 log("mpirun exited with status %d: stopping the scheduler and servers" % rc)
                 teardown(children, grace)
-                return rc
-            deadline = time.monotonic() + grace
+                return _verdict(watch, rc)
+            # Servers stop by themselves once every worker closed its store;
+            # after a lost rank they never will.
+            deadline = time.monotonic() + (grace if not watch.verdict() else 0)
             while time.monotonic() < deadline and any(c.poll() is None for c in servers):
                 time.sleep(0.1)
             left = [c.name for c in servers if c.poll() is None]
@@ -372,13 +409,27 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> i
                                                              -signal.SIGKILL)]
             for c in failed:
                 log("%s exited with status %s" % (c.name, c.poll()))
-            return 1 if failed else 0
+            return _verdict(watch, 1 if failed else 0)
         for c in servers:
             crc = c.poll()
             if crc is not None and crc != 0:
                 log("%s exited with status %d: stopping every process" % (c.name, crc))
                 teardown(children, grace)
-                return crc if crc > 0 else 128 - crc
+                return _verdict(watch, crc if crc > 0 else 128 - crc)
+        # A rank that ended badly ends the job: mpirun gets `grace` seconds to
+        # do it (it can wait ~15 min for a host whose cable was pulled).
+        first = watch.first_failure()
+        if first is not None and failing_since is None:
+            failing_since = time.monotonic()
+            log("rank %d on host %s ended without a clean exit (%.1f s into the job); "
+                "mpirun gets %g s to end the job" % (first[1], first[2], first[0], grace))
+        if failing_since is not None and time.monotonic() - failing_since > grace:
+            log("mpirun is still running %g s after a rank failed: stopping every process"
+                % grace)
+            teardown(children, min(grace, 3.0))
+            _settle(watch, 1.0)
+            rc = mpirun.poll()
+            return _verdict(watch, rc if rc not in (None, 0) and rc > 0 else 1)
         time.sleep(0.1)
 
 
