@@ -100,3 +100,56 @@ def test_caught_error_then_exit_1_ends_cleanly_with_status():
     assert "is exiting with status 1" in proc.stderr
     for bad in ("terminate called", "Exception ignored"):
         assert bad not in proc.stderr, proc.stderr[-3000:]
+
+
+LOADER_CYCLES = 20   # per rank: 20 DataLoaders x 2 fork workers made, used and dropped
+
+
+def _procs_with_env(token: str) -> list:
+    """PIDs of live processes whose environment holds EXIT_FORKS_TOKEN=token."""
+    needle = ("EXIT_FORKS_TOKEN=%s\0" % token).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                if needle in f.read() + b"\0" and alive(int(entry)):
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def test_exit_with_fork_dataloader_workers_ends_cleanly():
+    """The exit path under fork-based DataLoader workers (kvstore='mpi',
+    MXNET_MKLDNN_ENABLED=0, 2 ranks): LOADER_CYCLES loaders per rank fork their
+    workers while collectives run, the last is alive at exit, and each rank also
+    leaves a child running that holds its output (mpirun waits for such a
+    process, silently): the child is named and ended, the job exits 0 with the
+    same weights on both ranks, and no process is left."""
+    token = str(os.getpid())
+    proc = run_mpi("exit_forks.py", 2, "loaders", str(LOADER_CYCLES), timeout=150,
+                   env={**FAST, "MXNET_MKLDNN_ENABLED": "0", "EXIT_FORKS_TOKEN": token})
+    weights = dict(re.findall(r"WEIGHTS (\d) (\S+)", proc.stdout))
+    assert len(weights) == 2 and weights["0"] == weights["1"], proc.stdout[-2000:]
+    assert proc.stderr.count("still run at its exit and hold its output") == 2, \
+        proc.stderr[-3000:]
+    for bad in ("stall warning", "terminate called", "Traceback"):
+        assert bad not in proc.stderr, proc.stderr[-3000:]
+    time.sleep(0.5)
+    assert _procs_with_env(token) == []
+
+
+def test_exit_that_cannot_finish_is_named_and_ended():
+    """Rank 1's program ends but its process cannot exit (an exit handler
+    waits for ever): both ranks name it at the warning setting, and the job
+    is aborted at the abort setting instead of waiting silently."""
+    t0 = time.time()
+    proc = run_mpi("exit_forks.py", 2, "stuck", env=FAST, check=False, timeout=90)
+    took = time.time() - t0
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "[rank 1] mxnet_mpi: stall warning: this rank's program ended" in err, err[-3000:]
+    assert re.search(r"\[rank 0\] mxnet_mpi: stall warning: .*Ranks not there yet: 1 \(its "
+                     r"program ended, but its process does not exit", err), err[-3000:]
+    assert "more than MXNET_MPI_STALL_ABORT_S=8" in err
+    assert took < 8 + 25, took

@@ -151,3 +151,20 @@ def test_launcher_imports_neither_mxnet_nor_the_native_library():
                           env=mpi_env(), cwd=str(ROOT), timeout=120)
     out = proc.stdout + proc.stderr
     assert "ps-lite scheduler at" in out and "LOADED []" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
+def test_mxnet_own_parameter_server_exits_as_without_us(kvstore):
+    """MXNet's own dist_sync/dist_async through the launcher (which runs the
+    script through the runner), with the Trainer alive until the interpreter
+    exits: exit 0, nothing printed by a crash at exit, and the final weights
+    that the same job gives without the runner (`-- env python ...`; the
+    loss is linear in the weights, so dist_async's are order-free too)."""
+    proc = run(2, 2, 1, [sys.executable, str(SCRIPTS / "ps_exit.py"), kvstore], "--grace", "3",
+               timeout=180)
+    finals = sorted(ln.split("FINAL ", 1)[1].split() for ln in proc.stdout.splitlines()
+                    if "FINAL " in ln)
+    assert finals == [["0", "-30.000000", "-6.000000"], ["1", "-30.000000", "-6.000000"]], \
+        proc.stdout[-3000:]
+    for bad in ("terminate called", "Aborted", "exited on signal", "not every rank"):
+        assert bad not in proc.stdout, proc.stdout[-3000:]
