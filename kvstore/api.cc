@@ -174,9 +174,11 @@ void EndChildrenHoldingOutput() {
   for (pid_t pid : found) kill(pid, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (pid_t pid : found) {
-    while (waitpid(pid, nullptr, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
+    pid_t got = 0;
+    while ((got = waitpid(pid, nullptr, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (kill(pid, 0) == 0) {
+    if (got == 0) {  // still running (not reaped): it cannot have been reused
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
