@@ -342,7 +342,16 @@ std::string NotStopping(const std::vector<Peer>& peers, Clock::time_point now, i
 // Once this rank's program ended: nothing may wait silently for ever, this
 // rank's own exit (stuck in Python's exit handlers) or its peers' at the end
 // of the job. Warns once at MXNET_MPI_STALL_WARN_S, aborts at ..._ABORT_S.
-void EvaluateEnd(const std::vector<Peer>& peers, Clock::time_point now, bool* warned) {
+// A wait with a flight (a collective, the parameter servers' exit barrier)
+// is Evaluate's, which names it better; this clock starts when the last ends.
+void EvaluateEnd(const std::vector<Peer>& peers, Clock::time_point now, bool* warned,
+                 Clock::time_point* quiet_since) {
+  uint64_t id;
+  Flight f;
+  if (Oldest(&id, &f)) {
+    *quiet_since = now;
+    return;
+  }
   bool finishing;
   Clock::time_point since;
   {
@@ -352,7 +361,7 @@ void EvaluateEnd(const std::vector<Peer>& peers, Clock::time_point now, bool* wa
   }
   if (!finishing) return;
   const HealthOptions& o = Options();
-  const double age = Seconds(now - since);
+  const double age = Seconds(now - std::max(since, *quiet_since));
   if (age < o.warn_s && age < o.abort_s) return;
   std::ostringstream os;
   if (!g_stop) {
@@ -385,6 +394,7 @@ void Loop() {
   std::set<std::pair<uint64_t, int>> warned;
   bool barrier = false, end_warned = false;
   bool stop_announced = false;
+  Clock::time_point quiet_since = start;
   MPI_Request barrier_req = MPI_REQUEST_NULL;
   Clock::time_point barrier_since;
   for (;;) {
@@ -415,7 +425,7 @@ void Loop() {
     }
     Drain(&peers);
     if (!barrier) Evaluate(peers, &warned);
-    if (!barrier) EvaluateEnd(peers, now, &end_warned);
+    if (!barrier) EvaluateEnd(peers, now, &end_warned, &quiet_since);
     if (g_stop && !barrier) {
       if (AllStopping(peers)) {
         MPI_Ibarrier(g_comm, &barrier_req);
