@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -48,6 +49,10 @@ PREFIX = "mxnet_mpi.launch: "
 # signal a stopped (SIGSTOP) process cannot leave pending.
 _WRAP = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, %d); "
          "os.execvp(sys.argv[1], sys.argv[1:])")
+# Open MPI 5's mpirun exits 0 after losing a host; these lines of its stderr
+# name the host (for ranks that do not report to the launcher themselves).
+_LOST_HOST = re.compile(r"^\s*(?:Remote host:\s+(\S+)|Remote daemon:.* on node (\S+))")
+_LOST_HEADERS = ("lost communication with a remote daemon", "daemon failed to report back")
 
 
 def log(msg: str) -> None:
@@ -116,20 +121,45 @@ def _session_members(sid: int) -> list:
 class Child:
     """A child process in its own session, with optional prefixed output."""
 
-    def __init__(self, name: str, cmd: list, env: dict, prefix_output: bool) -> None:
+    def __init__(self, name: str, cmd: list, env: dict, prefix_output: bool,
+                 watch_stderr: bool = False) -> None:
         self.name = name
-        out = subprocess.PIPE if prefix_output else None
+        out = subprocess.PIPE if prefix_output or watch_stderr else None
+        err = subprocess.STDOUT if prefix_output else subprocess.PIPE if watch_stderr else None
         death = signal.SIGTERM if name == "mpirun" else signal.SIGKILL
         wrapped = ([sys.executable, "-S", "-c", _WRAP % death, *cmd]
                    if sys.platform == "linux" else cmd)
-        self.proc = subprocess.Popen(wrapped, env=env, stdout=out,
-                                     stderr=subprocess.STDOUT if prefix_output else None,
+        self.proc = subprocess.Popen(wrapped, env=env, stdout=out, stderr=err,
                                      start_new_session=True)
         self.pid = self.proc.pid
-        self.thread = None
+        self.lost_hosts: list = []
+        self.thread = self.thread2 = None
         if prefix_output:
             self.thread = threading.Thread(target=self._forward, daemon=True)
             self.thread.start()
+        elif watch_stderr:
+            self.thread = threading.Thread(target=self._watch, daemon=True,
+                                           args=(self.proc.stdout, sys.stdout))
+            self.thread2 = threading.Thread(target=self._watch, daemon=True,
+                                            args=(self.proc.stderr, sys.stderr))
+            self.thread.start()
+            self.thread2.start()
+
+    def _watch(self, pipe, to) -> None:
+        """Pass a stream through unchanged, noting the hosts mpirun says it lost
+        (Open MPI prints that on stdout or stderr)."""
+        lost = False
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace")
+            try:
+                to.write(line)
+                to.flush()
+            except (OSError, ValueError):
+                pass   # our stream is gone: keep draining, or the child blocks on write
+            lost = lost or any(h in line for h in _LOST_HEADERS)
+            m = _LOST_HOST.match(line) if lost else None
+            if m and (m.group(1) or m.group(2)) not in self.lost_hosts:
+                self.lost_hosts.append(m.group(1) or m.group(2))
 
     def _forward(self) -> None:
         for raw in iter(self.proc.stdout.readline, b""):
@@ -178,8 +208,9 @@ def teardown(children: list, grace: float) -> None:
         except subprocess.TimeoutExpired:
             log("%s (pid %d) did not die" % (c.name, c.pid))
     for c in children:
-        if c.thread is not None:
-            c.thread.join(timeout=2)
+        for thread in (c.thread, getattr(c, "thread2", None)):
+            if thread is not None:
+                thread.join(timeout=2)
 
 
 # Interpreter options that take no argument (may be combined: -uB), and those
@@ -346,7 +377,7 @@ def main(argv: list | None = None) -> int:
                 # every rank on the first host
                 cmd += ["--map-by", "slot"]
         cmd += args.mpirun_arg + through_runner(args.command)
-        mpirun = Child("mpirun", cmd, env, prefix_output=False)
+        mpirun = Child("mpirun", cmd, env, prefix_output=False, watch_stderr=True)
         children.append(mpirun)
         log("pids: %s" % " ".join("%s=%d" % (c.name.replace(" ", ""), c.pid)
                                   for c in children))
@@ -360,11 +391,17 @@ def main(argv: list | None = None) -> int:
             signal.signal(s, h)
 
 
-def _verdict(watch: RankWatch, rc: int) -> int:
+def _verdict(watch: RankWatch, rc: int, mpirun: Child | None = None) -> int:
     """Exit status for mpirun's `rc` and what the ranks reported; names every
     host whose ranks did not finish cleanly (Open MPI's mpirun exits 0 when it
     loses a whole host)."""
     lines = watch.verdict()
+    for thread in (mpirun.thread, mpirun.thread2) if mpirun is not None else ():
+        if thread is not None:
+            thread.join(timeout=2)   # its last lines
+    lost = mpirun.lost_hosts if mpirun is not None else []
+    if lost and not lines:   # ranks that do not report: what mpirun said
+        lines = ["host %s: lost by mpirun (its daemon stopped answering)" % h for h in lost]
     for line in lines:
         log(line)
     if lines and rc == 0:
@@ -395,7 +432,7 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
             if rc != 0:
                 log("mpirun exited with status %d: stopping the scheduler and servers" % rc)
                 teardown(children, grace)
-                return _verdict(watch, rc)
+                return _verdict(watch, rc, mpirun)
             # Servers stop by themselves once every worker closed its store;
             # after a lost rank they never will.
             deadline = time.monotonic() + (grace if not watch.verdict() else 0)
@@ -409,13 +446,13 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
                                                              -signal.SIGKILL)]
             for c in failed:
                 log("%s exited with status %s" % (c.name, c.poll()))
-            return _verdict(watch, 1 if failed else 0)
+            return _verdict(watch, 1 if failed else 0, mpirun)
         for c in servers:
             crc = c.poll()
             if crc is not None and crc != 0:
                 log("%s exited with status %d: stopping every process" % (c.name, crc))
                 teardown(children, grace)
-                return _verdict(watch, crc if crc > 0 else 128 - crc)
+                return _verdict(watch, crc if crc > 0 else 128 - crc, mpirun)
         # A rank that ended badly ends the job: mpirun gets `grace` seconds to
         # do it (it can wait ~15 min for a host whose cable was pulled).
         first = watch.first_failure()
@@ -429,7 +466,7 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
             teardown(children, min(grace, 3.0))
             _settle(watch, 1.0)
             rc = mpirun.poll()
-            return _verdict(watch, rc if rc not in (None, 0) and rc > 0 else 1)
+            return _verdict(watch, rc if rc not in (None, 0) and rc > 0 else 1, mpirun)
         time.sleep(0.1)
 
 
