@@ -2,7 +2,10 @@
 that cannot finish.
 
   mpirun -np 2 python exit_forks.py loaders CYCLES
-      train with kvstore='mpi' from DataLoaders with 2 fork workers each:
+      first each rank forks a child that computes with MXNet, tries a store
+      (must be refused: 'store refused: ...') and exits 0 ('child exited with
+      status 0'). Then train with kvstore='mpi' from DataLoaders with 2 fork
+      workers each:
       CYCLES loaders made, partly used (collectives in flight while workers
       fork) and dropped, the last one alive at exit, as a training script
       leaves it. Then each rank also leaves a forked child running that holds
@@ -44,6 +47,23 @@ def step(x, y) -> None:
     loss.backward()
     trainer.step(x.shape[0])
 
+
+if scenario == "loaders":
+    kv = mx.kv.create("mpi")
+    pid = os.fork()
+    if pid == 0:
+        b = (mx.nd.ones((50, 50)) * 2).sum().asscalar()
+        try:
+            kv.pushpull("in-child", mx.nd.ones((2,)))
+            refused = "NOT REFUSED"
+        except mxnet_mpi.MPIKVStoreError as exc:
+            refused = "refused: %s" % str(exc).splitlines()[0]
+        print("child of rank %d computed %g, store %s" % (rank, b, refused), flush=True)
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("rank %d child exited with status %d" % (rank, os.waitstatus_to_exitcode(status)),
+          flush=True)
+    kv.pushpull("after-fork", mx.nd.ones((2,)))
 
 rng = np.random.RandomState(rank)
 data = gluon.data.ArrayDataset(rng.rand(64, 12).astype("f"), rng.rand(64, 4).astype("f"))
