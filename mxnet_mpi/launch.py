@@ -16,6 +16,15 @@ stores) and are then stopped. When any process fails, or on SIGINT/SIGTERM,
 everything is torn down (SIGTERM, then SIGKILL to every process left in the
 children's sessions) and the launcher exits non-zero.
 
+Ranks run through the runner report their start (with their host) and their
+end to this process (``MXNET_MPI_REPORT``; mxnet_mpi.report, launch_watch).
+A rank that ends any other way fails the job, naming its host, even where
+mpirun exits 0 (Open MPI 5 after losing a host); mpirun then gets ``--grace``
+seconds to end the job before it is stopped here (after a pulled cable it
+would wait for TCP, ~15 min). For ranks that do not report, a host that
+mpirun's own output says it lost fails the job. This module imports neither
+MXNet nor the native library.
+
 With ``--hostfile`` and no ``--groups``, each host the ranks fill (slot by
 slot, as mpirun maps them) is one group. With ``--hostfile`` the ranks run
 where mpirun places them; the scheduler and
