@@ -275,8 +275,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     ap.add_argument("--mpirun-arg", action="append", default=[],
                     help="extra argument for mpirun (repeatable)")
     ap.add_argument("--grace", type=float, default=10.0,
-                    help="seconds the servers get to stop after the workers, and every "
-                         "process gets after SIGTERM, before SIGKILL")
+                    help="seconds the servers get to stop after the workers, mpirun gets "
+                         "to end the job after a rank failed, and every process gets after "
+                         "SIGTERM, before SIGKILL")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     args = ap.parse_args(argv)
     if args.command and args.command[0] == "--":
