@@ -52,7 +52,10 @@ class RankWatch:
         self._lock = threading.Lock()
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("", 0))
+        try:   # only where the ranks are told to connect
+            self._listener.bind((advertise, 0))
+        except OSError:
+            self._listener.bind(("", 0))
         self._listener.listen(max(16, n))
         self._listener.setblocking(False)
         self.address = "%s:%d" % (advertise, self._listener.getsockname()[1])
