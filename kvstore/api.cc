@@ -2,17 +2,23 @@
 // communicators, stores, pushing collectives, join, and the end of the job.
 #include <mxnet/c_api.h>
 #include <mxnet/engine.h>
+#include <dirent.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine_ops.h"
@@ -133,10 +139,69 @@ void FinalizeNative() {
   g_owner.Stop();
 }
 
+std::string Link(const std::string& path) {
+  char buf[4096];
+  const ssize_t n = readlink(path.c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string();
+}
+
+// Children of this rank still running at its exit that hold its stdout or
+// stderr: mpirun waits for every process holding a rank's output, so they
+// would keep the job from ending, silently (e.g. DataLoader worker processes
+// whose pool was never terminated). They are named and ended.
+void EndChildrenHoldingOutput() {
+  const std::string out = Link("/proc/self/fd/1"), err = Link("/proc/self/fd/2");
+  const pid_t me = getpid();
+  std::vector<pid_t> found;
+  std::vector<std::string> names;
+  if (DIR* dir = opendir("/proc")) {
+    while (dirent* e = readdir(dir)) {
+      const pid_t pid = static_cast<pid_t>(atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos || close + 4 >= line.size()) continue;
+      const pid_t ppid = static_cast<pid_t>(atoi(line.c_str() + close + 4));  // ") S PPID"
+      if (ppid != me || line[close + 2] == 'Z') continue;
+      const std::string fds = "/proc/" + std::to_string(pid) + "/fd/";
+      const std::string o = Link(fds + "1"), r = Link(fds + "2");
+      const bool holds = (!o.empty() && (o == out || o == err)) ||
+                         (!r.empty() && (r == out || r == err));
+      if (!holds) continue;
+      found.push_back(pid);
+      names.push_back(line.substr(line.find('(') + 1, close - line.find('(') - 1));
+    }
+    closedir(dir);
+  }
+  if (found.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < found.size(); ++i)
+    list += (i ? ", " : "") + std::to_string(found[i]) + " (" + names[i] + ")";
+  std::fprintf(stderr, "[rank %d] mxnet_mpi: child process(es) %s of this rank still run at "
+               "its exit and hold its output, which would keep mpirun waiting for them: "
+               "ending them\n", g_world_rank, list.c_str());
+  std::fflush(stderr);
+  for (pid_t pid : found) kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (pid_t pid : found) {
+    pid_t got = 0;
+    while ((got = waitpid(pid, nullptr, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (got == 0) {  // still running (not reaped): it cannot have been reused
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+}
+
 // Process exit (after Python has finished): a non-zero status ends the whole
 // job now, naming this rank; zero finalises MPI with the others.
 void OnExit(int status, void*) {
   if (g_forked || getpid() != g_pid || g_finalized || !g_owner.running()) return;
+  EndChildrenHoldingOutput();
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (status != 0 && size > 1) {

@@ -82,7 +82,9 @@ constexpr int kDescLen = 152;
 constexpr int kWhereLen = 200;
 constexpr int kMaxFinals = 16;
 
-enum State : int32_t { kRunning = 0, kFinishing = 1 };
+// kFinishing: the program ended (Python's exit handlers run); kStopping: the
+// process reached the end of the job (MPI is being finalised).
+enum State : int32_t { kRunning = 0, kFinishing = 1, kStopping = 2 };
 
 struct Status {
   int32_t rank, state, waiting, kind;
@@ -112,6 +114,7 @@ std::atomic<bool> g_announce{false};
 std::mutex g_finals_mu;
 std::vector<std::array<int64_t, 3>> g_finals;
 bool g_finishing = false;
+Clock::time_point g_finishing_since;
 
 Status Mine() {
   Status s{};
@@ -129,7 +132,7 @@ Status Mine() {
     std::strncpy(s.where, f.where.c_str(), kWhereLen - 1);
   }
   std::lock_guard<std::mutex> lock(g_finals_mu);
-  s.state = g_finishing ? kFinishing : kRunning;
+  s.state = g_stop ? kStopping : g_finishing ? kFinishing : kRunning;
   s.nfinals = static_cast<int32_t>(std::min<size_t>(g_finals.size(), kMaxFinals));
   for (int i = 0; i < s.nfinals; ++i) {
     for (int j = 0; j < 3; ++j) s.finals[i][j] = g_finals[i][j];
@@ -212,7 +215,7 @@ std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& pe
     if (!peer.heard || Silent(peer, now)) {
       missing << "not answering for " << static_cast<int>(Seconds(now - peer.at))
               << " s: stopped (e.g. SIGSTOP), hung outside Python, or its host is unreachable";
-    } else if (s.state == kFinishing) {
+    } else if (s.state >= kFinishing) {
       missing << "finished its program after issuing " << IssuedOn(s, f.store)
               << " collectives on this store";
     } else if (s.waiting && s.kind == static_cast<int32_t>(FlightKind::kJoin)) {
@@ -248,7 +251,7 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
     for (int p : m.ranks) {
       if (p == g_rank || p < 0 || p >= g_size || !peers[p].heard) continue;
       const Status& s = peers[p].last;
-      if (s.state != kFinishing) continue;
+      if (s.state < kFinishing) continue;
       const int64_t issued = IssuedOn(s, f.store);
       if (f.kind == FlightKind::kCollective && static_cast<int64_t>(f.seq) >= issued) {
         std::ostringstream os;
@@ -302,12 +305,85 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
   std::fflush(stderr);
 }
 
-bool AllFinishing(const std::vector<Peer>& peers) {
+bool AllStopping(const std::vector<Peer>& peers) {
   for (int p = 0; p < g_size; ++p) {
     if (p == g_rank) continue;
-    if (!peers[p].heard || peers[p].last.state != kFinishing) return false;
+    if (!peers[p].heard || peers[p].last.state != kStopping) return false;
   }
   return true;
+}
+
+// The ranks this one waits for at the end of the job, and what each does.
+std::string NotStopping(const std::vector<Peer>& peers, Clock::time_point now, int* silent) {
+  std::ostringstream os;
+  *silent = 0;
+  for (int p = 0; p < g_size; ++p) {
+    if (p == g_rank || (peers[p].heard && peers[p].last.state == kStopping)) continue;
+    os << (os.tellp() > 0 ? "; " : " ") << p << " (";
+    if (!peers[p].heard || Silent(peers[p], now)) {
+      ++*silent;
+      os << "not answering for " << static_cast<int>(Seconds(now - peers[p].at))
+         << " s: stopped, hung outside Python, or its host is unreachable";
+    } else if (peers[p].last.state == kFinishing) {
+      os << "its program ended, but its process does not exit: stuck in exit handlers or "
+            "interpreter shutdown (threads or child processes, e.g. DataLoader workers, "
+            "that do not end)";
+    } else if (peers[p].last.waiting) {
+      os << "still running its program, waiting on '" << peers[p].last.desc << "'"
+         << peers[p].last.where;
+    } else {
+      os << "still running its program or its exit handlers";
+    }
+    os << ")";
+  }
+  return os.str();
+}
+
+// Once this rank's program ended: nothing may wait silently for ever, this
+// rank's own exit (stuck in Python's exit handlers) or its peers' at the end
+// of the job. Warns once at MXNET_MPI_STALL_WARN_S, aborts at ..._ABORT_S.
+// A wait with a flight (a collective, the parameter servers' exit barrier)
+// is Evaluate's, which names it better; this clock starts when the last ends.
+void EvaluateEnd(const std::vector<Peer>& peers, Clock::time_point now, bool* warned,
+                 Clock::time_point* quiet_since) {
+  uint64_t id;
+  Flight f;
+  if (Oldest(&id, &f)) {
+    *quiet_since = now;
+    return;
+  }
+  bool finishing;
+  Clock::time_point since;
+  {
+    std::lock_guard<std::mutex> lock(g_finals_mu);
+    finishing = g_finishing;
+    since = g_finishing_since;
+  }
+  if (!finishing) return;
+  const HealthOptions& o = Options();
+  const double age = Seconds(now - std::max(since, *quiet_since));
+  if (age < o.warn_s && age < o.abort_s) return;
+  std::ostringstream os;
+  if (!g_stop) {
+    os << "this rank's program ended " << static_cast<int>(age) << " s ago, but its process "
+       << "does not exit: stuck in Python's exit handlers or interpreter shutdown (threads "
+       << "or child processes, e.g. DataLoader workers, that do not end)";
+  } else {
+    int silent = 0;
+    const std::string who = NotStopping(peers, now, &silent);
+    if (who.empty()) return;  // the final barrier: every peer is at the end too
+    os << "this rank's program ended " << static_cast<int>(age) << " s ago and it waits "
+       << "for the end of the job. Ranks not there yet:" << who;
+  }
+  if (age >= o.abort_s) {
+    os << " (more than MXNET_MPI_STALL_ABORT_S=" << o.abort_s << ")";
+    AbortJob(os.str());
+  }
+  if (*warned) return;
+  *warned = true;
+  std::fprintf(stderr, "[rank %d] mxnet_mpi: stall warning: %s. Aborts after "
+               "MXNET_MPI_STALL_ABORT_S=%g s.\n", g_rank, os.str().c_str(), o.abort_s);
+  std::fflush(stderr);
 }
 
 void Loop() {
@@ -316,7 +392,9 @@ void Loop() {
   for (Peer& p : peers) p.at = start;
   auto last = start, next_send = start;
   std::set<std::pair<uint64_t, int>> warned;
-  bool barrier = false;
+  bool barrier = false, end_warned = false;
+  bool stop_announced = false;
+  Clock::time_point quiet_since = start;
   MPI_Request barrier_req = MPI_REQUEST_NULL;
   Clock::time_point barrier_since;
   for (;;) {
@@ -336,6 +414,10 @@ void Loop() {
       for (Peer& p : peers) p.at = now;
       ShiftFlights(gap);
     }
+    if (g_stop && !stop_announced) {  // tell the peers at once: they may be waiting for it
+      stop_announced = true;
+      g_announce = true;
+    }
     if (!barrier && (now >= next_send || g_announce.exchange(false))) {
       SendAll(&peers);
       next_send = now + std::chrono::duration_cast<Clock::duration>(
@@ -343,8 +425,9 @@ void Loop() {
     }
     Drain(&peers);
     if (!barrier) Evaluate(peers, &warned);
+    if (!barrier) EvaluateEnd(peers, now, &end_warned, &quiet_since);
     if (g_stop && !barrier) {
-      if (AllFinishing(peers)) {
+      if (AllStopping(peers)) {
         MPI_Ibarrier(g_comm, &barrier_req);
         barrier = true;
         barrier_since = now;
@@ -424,6 +507,7 @@ void HealthAnnounceFinish(const std::vector<std::array<int64_t, 3>>& finals) {
   {
     std::lock_guard<std::mutex> lock(g_finals_mu);
     g_finals = finals;
+    if (!g_finishing) g_finishing_since = Clock::now();
     g_finishing = true;
   }
   g_announce = true;

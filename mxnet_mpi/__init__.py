@@ -4,23 +4,42 @@
 hybrid MPI + parameter-server stores ``dist_sync_mpi``/``dist_async_mpi``) with
 MXNet, so ``gluon.Trainer(..., kvstore='mpi')`` and
 ``Module.fit(..., kvstore='mpi')`` work under ``mpirun``. MPI itself is
-initialised on first use. An installed package is imported with mxnet by its
+initialised on first use. ``python -m mxnet_mpi.launch`` imports neither
+MXNet nor the native library (its workers do). An installed package is imported with mxnet by its
 start-up hook (``_mxnet_mpi_autoload``; ``MXNET_MPI_AUTOLOAD=0`` turns it off).
 """
 
-from . import hybrid, mxnet_patches, ops, stores
-from .collectives import SUPPORTED_DTYPES
-from .consistency import check_consistency
-from .errors import MPIKVStoreError
-from .hybrid import HybridKVStore
-from .joining import join
-from .kvstore import MPIKVStore
-from .modes import DEFAULT_MODE, MODES
-from .ops import allreduce_, broadcast_  # the same functions as mxnet_mpi.ops's
-from .syncbn import SyncBatchNorm
-from .world import finalize, init, local_rank, local_size, rank, size, world
+import sys
 
-mxnet_patches.apply()
+
+def _launcher_only() -> bool:
+    """True while ``python -m mxnet_mpi.launch`` locates its module: the
+    launcher starts ps-lite and mpirun and must not load MXNet or MPI itself."""
+    if sys.argv[:1] != ["-m"]:   # "-m" only while a -m module is being located
+        return False
+    argv = list(getattr(sys, "orig_argv", []))
+    for i, word in enumerate(argv[1:], 1):
+        if word == "-m":
+            return argv[i + 1:i + 2] == ["mxnet_mpi.launch"]
+        if word.startswith("-m"):
+            return word == "-mmxnet_mpi.launch"
+    return False
+
+
+if not _launcher_only():
+    from . import hybrid, mxnet_patches, ops, stores
+    from .collectives import SUPPORTED_DTYPES
+    from .consistency import check_consistency
+    from .errors import MPIKVStoreError
+    from .hybrid import HybridKVStore
+    from .joining import join
+    from .kvstore import MPIKVStore
+    from .modes import DEFAULT_MODE, MODES
+    from .ops import allreduce_, broadcast_  # the same functions as mxnet_mpi.ops's
+    from .syncbn import SyncBatchNorm
+    from .world import finalize, init, local_rank, local_size, rank, size, world
+
+    mxnet_patches.apply()
 
 __all__ = [
     "DEFAULT_MODE", "MODES", "HybridKVStore", "MPIKVStore", "MPIKVStoreError",

@@ -15,12 +15,12 @@ import numpy as np
 from . import _native, ops, settings
 from .collectives import Call
 from .errors import MPIKVStoreError
+from .routes import ROUTES, expected_ps_workers  # noqa: F401  (the launcher imports routes alone)
 from .world import Communicator, local_size
 from .world import init as init_world
 
 GROUP_SIZE_ENV = "MXNET_MPI_GROUP_SIZE"
 ROUTE_ENV = "MXNET_MPI_HYBRID_ROUTE"
-ROUTES = ("leader", "sharded")
 LAUNCH_HINT = ("; start the job with `python -m mxnet_mpi.launch -n N --groups G --servers S "
                "-- python train.py`, which starts ps-lite and sets every DMLC_* variable")
 
@@ -58,11 +58,6 @@ def resolve_group_size(world: Communicator | None = None) -> int:
 def route_from_env() -> str:
     """'leader' or 'sharded' from $MXNET_MPI_HYBRID_ROUTE (default 'leader')."""
     return settings.get(ROUTE_ENV)
-
-
-def expected_ps_workers(route: str, world_size: int, num_groups: int) -> int:
-    """DMLC_NUM_WORKER that a route needs."""
-    return num_groups if route == "leader" else world_size
 
 
 class GroupRouting:

@@ -16,6 +16,15 @@ stores) and are then stopped. When any process fails, or on SIGINT/SIGTERM,
 everything is torn down (SIGTERM, then SIGKILL to every process left in the
 children's sessions) and the launcher exits non-zero.
 
+Ranks run through the runner report their start (with their host) and their
+end to this process (``MXNET_MPI_REPORT``; mxnet_mpi.report, launch_watch).
+A rank that ends any other way fails the job, naming its host, even where
+mpirun exits 0 (Open MPI 5 after losing a host); mpirun then gets ``--grace``
+seconds to end the job before it is stopped here (after a pulled cable it
+would wait for TCP, ~15 min). For ranks that do not report, a host that
+mpirun's own output says it lost fails the job. This module imports neither
+MXNet nor the native library.
+
 With ``--hostfile`` and no ``--groups``, each host the ranks fill (slot by
 slot, as mpirun maps them) is one group. With ``--hostfile`` the ranks run
 where mpirun places them; the scheduler and
@@ -29,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,7 +47,9 @@ import threading
 import time
 from pathlib import Path
 
-from .hybrid import ROUTES, expected_ps_workers
+from .launch_watch import RankWatch
+from .report import ENV as REPORT_ENV
+from .routes import ROUTES, expected_ps_workers
 
 PREFIX = "mxnet_mpi.launch: "
 # Run a command with a parent-death signal (PR_SET_PDEATHSIG survives exec): if the
@@ -46,6 +58,10 @@ PREFIX = "mxnet_mpi.launch: "
 # signal a stopped (SIGSTOP) process cannot leave pending.
 _WRAP = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, %d); "
          "os.execvp(sys.argv[1], sys.argv[1:])")
+# Open MPI 5's mpirun exits 0 after losing a host; these lines of its stderr
+# name the host (for ranks that do not report to the launcher themselves).
+_LOST_HOST = re.compile(r"^\s*(?:Remote host:\s+(\S+)|Remote daemon:.* on node (\S+))")
+_LOST_HEADERS = ("lost communication with a remote daemon", "daemon failed to report back")
 
 
 def log(msg: str) -> None:
@@ -114,20 +130,45 @@ def _session_members(sid: int) -> list:
 class Child:
     """A child process in its own session, with optional prefixed output."""
 
-    def __init__(self, name: str, cmd: list, env: dict, prefix_output: bool) -> None:
+    def __init__(self, name: str, cmd: list, env: dict, prefix_output: bool,
+                 watch_stderr: bool = False) -> None:
         self.name = name
-        out = subprocess.PIPE if prefix_output else None
+        out = subprocess.PIPE if prefix_output or watch_stderr else None
+        err = subprocess.STDOUT if prefix_output else subprocess.PIPE if watch_stderr else None
         death = signal.SIGTERM if name == "mpirun" else signal.SIGKILL
         wrapped = ([sys.executable, "-S", "-c", _WRAP % death, *cmd]
                    if sys.platform == "linux" else cmd)
-        self.proc = subprocess.Popen(wrapped, env=env, stdout=out,
-                                     stderr=subprocess.STDOUT if prefix_output else None,
+        self.proc = subprocess.Popen(wrapped, env=env, stdout=out, stderr=err,
                                      start_new_session=True)
         self.pid = self.proc.pid
-        self.thread = None
+        self.lost_hosts: list = []
+        self.thread = self.thread2 = None
         if prefix_output:
             self.thread = threading.Thread(target=self._forward, daemon=True)
             self.thread.start()
+        elif watch_stderr:
+            self.thread = threading.Thread(target=self._watch, daemon=True,
+                                           args=(self.proc.stdout, sys.stdout))
+            self.thread2 = threading.Thread(target=self._watch, daemon=True,
+                                            args=(self.proc.stderr, sys.stderr))
+            self.thread.start()
+            self.thread2.start()
+
+    def _watch(self, pipe, to) -> None:
+        """Pass a stream through unchanged, noting the hosts mpirun says it lost
+        (Open MPI prints that on stdout or stderr)."""
+        lost = False
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace")
+            try:
+                to.write(line)
+                to.flush()
+            except (OSError, ValueError):
+                pass   # our stream is gone: keep draining, or the child blocks on write
+            lost = lost or any(h in line for h in _LOST_HEADERS)
+            m = _LOST_HOST.match(line) if lost else None
+            if m and (m.group(1) or m.group(2)) not in self.lost_hosts:
+                self.lost_hosts.append(m.group(1) or m.group(2))
 
     def _forward(self) -> None:
         for raw in iter(self.proc.stdout.readline, b""):
@@ -160,7 +201,8 @@ class Child:
 
 
 def teardown(children: list, grace: float) -> None:
-    """SIGTERM every child, wait up to `grace` seconds, SIGKILL what is left."""
+    """SIGTERM every child, wait up to `grace` seconds, SIGKILL what is left
+    (mpirun's whole session: its ranks and daemons started from here)."""
     for c in children:
         if c.poll() is None:
             c.signal(signal.SIGTERM)   # mpirun forwards it to the ranks
@@ -175,8 +217,9 @@ def teardown(children: list, grace: float) -> None:
         except subprocess.TimeoutExpired:
             log("%s (pid %d) did not die" % (c.name, c.pid))
     for c in children:
-        if c.thread is not None:
-            c.thread.join(timeout=2)
+        for thread in (c.thread, getattr(c, "thread2", None)):
+            if thread is not None:
+                thread.join(timeout=2)
 
 
 # Interpreter options that take no argument (may be combined: -uB), and those
@@ -232,8 +275,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     ap.add_argument("--mpirun-arg", action="append", default=[],
                     help="extra argument for mpirun (repeatable)")
     ap.add_argument("--grace", type=float, default=10.0,
-                    help="seconds the servers get to stop after the workers, and every "
-                         "process gets after SIGTERM, before SIGKILL")
+                    help="seconds the servers get to stop after the workers, mpirun gets "
+                         "to end the job after a rank failed, and every process gets after "
+                         "SIGTERM, before SIGKILL")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     args = ap.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -275,17 +319,24 @@ def hosts_filled(hostfile: str, n: int, error) -> int:
     return len(counts)
 
 
-def job_env(args: argparse.Namespace) -> tuple:
+def this_host(args: argparse.Namespace) -> str:
+    """The address the ranks reach this host at (scheduler, rank reports)."""
+    return args.ps_host or (socket.gethostbyname(socket.gethostname()) if args.hostfile
+                            else "127.0.0.1")
+
+
+def job_env(args: argparse.Namespace, report_to: str | None = None) -> tuple:
     """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     exported = {"MXNET_MPI_HYBRID_ROUTE": args.route}
+    if report_to:
+        exported[REPORT_ENV] = report_to
     if not args.per_host:   # else the store's default: the ranks of one host
         exported["MXNET_MPI_GROUP_SIZE"] = str(args.n // args.groups)
     ps_env = None
     if args.servers:
-        host = args.ps_host or (socket.gethostbyname(socket.gethostname()) if args.hostfile
-                                else "127.0.0.1")
+        host = this_host(args)
         num_workers = expected_ps_workers(args.route, args.n, args.groups)
         base = {"DMLC_PS_ROOT_URI": host,
                 "DMLC_PS_ROOT_PORT": str(args.port or free_port(host)),
@@ -306,7 +357,8 @@ def job_env(args: argparse.Namespace) -> tuple:
 def main(argv: list | None = None) -> int:
     """Run the job; return the exit status (non-zero if any process failed)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    env, ps_env, exported = job_env(args)
+    watch = RankWatch(args.n, this_host(args))
+    env, ps_env, exported = job_env(args, watch.address)
     children: list = []
     stopping = {"signal": 0}
 
@@ -335,21 +387,50 @@ def main(argv: list | None = None) -> int:
                 # every rank on the first host
                 cmd += ["--map-by", "slot"]
         cmd += args.mpirun_arg + through_runner(args.command)
-        mpirun = Child("mpirun", cmd, env, prefix_output=False)
+        mpirun = Child("mpirun", cmd, env, prefix_output=False, watch_stderr=True)
         children.append(mpirun)
         log("pids: %s" % " ".join("%s=%d" % (c.name.replace(" ", ""), c.pid)
                                   for c in children))
         log("%d rank(s) in %d group(s) of %s" % (args.n, args.groups, args.n // args.groups)
             + (" (one per host)" if args.per_host else ""))
-        return _supervise(children, mpirun, args.grace, stopping)
+        return _supervise(children, mpirun, args.grace, stopping, watch)
     finally:
         teardown(children, args.grace)   # idempotent; also after an error while starting
+        watch.close()
         for s, h in old.items():
             signal.signal(s, h)
 
 
-def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> int:
+def _verdict(watch: RankWatch, rc: int, mpirun: Child | None = None) -> int:
+    """Exit status for mpirun's `rc` and what the ranks reported; names every
+    host whose ranks did not finish cleanly (Open MPI's mpirun exits 0 when it
+    loses a whole host)."""
+    lines = watch.verdict()
+    for thread in (mpirun.thread, mpirun.thread2) if mpirun is not None else ():
+        if thread is not None:
+            thread.join(timeout=2)   # its last lines
+    lost = mpirun.lost_hosts if mpirun is not None else []
+    if lost and not lines:   # ranks that do not report: what mpirun said
+        lines = ["host %s: lost by mpirun (its daemon stopped answering)" % h for h in lost]
+    for line in lines:
+        log(line)
+    if lines and rc == 0:
+        log("mpirun exited 0, but not every rank finished cleanly: the job failed")
+        return 1
+    return rc
+
+
+def _settle(watch: RankWatch, timeout: float = 3.0) -> None:
+    """Give the ranks' last reports (and their connections' ends) time to arrive."""
+    deadline = time.monotonic() + timeout
+    while watch.reporting and not watch.all_closed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
+               watch: RankWatch) -> int:
     servers = [c for c in children if c is not mpirun]
+    failing_since = None
     while True:
         if stopping["signal"]:
             log("got %s: stopping every process" % signal.Signals(stopping["signal"]).name)
@@ -357,11 +438,14 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> i
             return 128 + stopping["signal"]
         rc = mpirun.poll()
         if rc is not None:
+            _settle(watch)
             if rc != 0:
                 log("mpirun exited with status %d: stopping the scheduler and servers" % rc)
                 teardown(children, grace)
-                return rc
-            deadline = time.monotonic() + grace
+                return _verdict(watch, rc, mpirun)
+            # Servers stop by themselves once every worker closed its store;
+            # after a lost rank they never will.
+            deadline = time.monotonic() + (grace if not watch.verdict() else 0)
             while time.monotonic() < deadline and any(c.poll() is None for c in servers):
                 time.sleep(0.1)
             left = [c.name for c in servers if c.poll() is None]
@@ -372,13 +456,27 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict) -> i
                                                              -signal.SIGKILL)]
             for c in failed:
                 log("%s exited with status %s" % (c.name, c.poll()))
-            return 1 if failed else 0
+            return _verdict(watch, 1 if failed else 0, mpirun)
         for c in servers:
             crc = c.poll()
             if crc is not None and crc != 0:
                 log("%s exited with status %d: stopping every process" % (c.name, crc))
                 teardown(children, grace)
-                return crc if crc > 0 else 128 - crc
+                return _verdict(watch, crc if crc > 0 else 128 - crc, mpirun)
+        # A rank that ended badly ends the job: mpirun gets `grace` seconds to
+        # do it (it can wait ~15 min for a host whose cable was pulled).
+        first = watch.first_failure()
+        if first is not None and failing_since is None:
+            failing_since = time.monotonic()
+            log("rank %d on host %s ended without a clean exit (%.1f s into the job); "
+                "mpirun gets %g s to end the job" % (first[1], first[2], first[0], grace))
+        if failing_since is not None and time.monotonic() - failing_since > grace:
+            log("mpirun is still running %g s after a rank failed: stopping every process"
+                % grace)
+            teardown(children, min(grace, 3.0))
+            _settle(watch, 1.0)
+            rc = mpirun.poll()
+            return _verdict(watch, rc if rc not in (None, 0) and rc > 0 else 1, mpirun)
         time.sleep(0.1)
 
 

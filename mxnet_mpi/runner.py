@@ -48,6 +48,10 @@ def run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
         sys.stderr.write(USAGE)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    # Before the script runs, so that its exit handler runs after the script's
+    # and mxnet_mpi's (MXNet's own runs last).
+    from mxnet_mpi import report
+    report.started()
     import mxnet_mpi  # noqa: F401  (registers the stores, patches MXNet)
 
     try:
@@ -71,9 +75,12 @@ def run(argv: list[str]) -> int:
         # `raise SystemExit(n)` and the builtin exit(n) bypass sys.exit, which
         # world.py wraps to see the status (a non-zero one aborts the job naming
         # this rank, instead of peers reading a clean finish): pass it through.
+        report.set_status(exc.code)
         sys.exit(exc.code)
     except BaseException as exc:  # noqa: BLE001  (reported as Python would, then status 1)
         tb = _script_frames_only(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        report.set_status(1)
         return 1
+    report.set_status(0)
     return 0

@@ -118,3 +118,53 @@ def test_bad_arguments(args, message):
                           env=mpi_env())
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+LAUNCHER_IMPORTS = ("import runpy, sys\n"
+                    "sys.argv = ['-m'] + sys.argv[1:]\n"
+                    "sys.orig_argv = [sys.executable, '-m', 'mxnet_mpi.launch'] + sys.argv[1:]\n"
+                    "import mxnet_mpi, mxnet_mpi.launch as launch\n"
+                    "assert not hasattr(mxnet_mpi, 'MPIKVStore')\n"
+                    "try:\n"
+                    "    launch.main(sys.argv[1:])\n"
+                    "finally:\n"
+                    "    bad = sorted(m for m in sys.modules if m.split('.')[0] == 'mxnet'\n"
+                    "                 or m in ('mxnet_mpi._native', 'mxnet_mpi.hybrid'))\n"
+                    "    print('LOADED', bad, flush=True)\n")
+
+
+def test_launcher_imports_neither_mxnet_nor_the_native_library():
+    """`python -m mxnet_mpi.launch --help`, and starting ps-lite and mpirun, load
+    neither MXNet nor the native library in the launcher (its workers do)."""
+    helped = subprocess.run([sys.executable, "-X", "importtime", "-m", "mxnet_mpi.launch",
+                             "--help"], capture_output=True, text=True, env=mpi_env(),
+                            cwd=str(ROOT), timeout=60)
+    assert helped.returncode == 0 and "--servers" in helped.stdout, helped.stderr[-2000:]
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in helped.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert "mxnet_mpi.routes" in imported, imported   # the launcher ran (as __main__)
+    assert not {"mxnet", "mxnet_mpi._native", "mxnet_mpi.hybrid"} & imported, imported
+    # A whole launch with a ps-lite scheduler and server (its workers: `true`, which
+    # connect to no one; the servers are stopped after --grace).
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER_IMPORTS, "-n", "1", "--servers", "1",
+                           "--grace", "1", "--", "true"], capture_output=True, text=True,
+                          env=mpi_env(), cwd=str(ROOT), timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "ps-lite scheduler at" in out and "LOADED []" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
+def test_mxnet_own_parameter_server_exits_as_without_us(kvstore):
+    """MXNet's own dist_sync/dist_async through the launcher (which runs the
+    script through the runner), with the Trainer alive until the interpreter
+    exits: exit 0, nothing printed by a crash at exit, and the final weights
+    that the same job gives without the runner (`-- env python ...`; the
+    loss is linear in the weights, so dist_async's are order-free too)."""
+    proc = run(2, 2, 1, [sys.executable, str(SCRIPTS / "ps_exit.py"), kvstore], "--grace", "3",
+               timeout=180)
+    finals = sorted(ln.split("FINAL ", 1)[1].split() for ln in proc.stdout.splitlines()
+                    if "FINAL " in ln)
+    assert finals == [["0", "-30.000000", "-6.000000"], ["1", "-30.000000", "-6.000000"]], \
+        proc.stdout[-3000:]
+    for bad in ("terminate called", "Aborted", "exited on signal", "not every rank"):
+        assert bad not in proc.stdout, proc.stdout[-3000:]

@@ -1,8 +1,8 @@
-"""Network faults on a cluster in a box (2 hosts x 2 ranks): a cable pulled
-for longer than MXNET_MPI_STALL_ABORT_S ends the job non-zero with the stall
-message naming the unreachable ranks; pulled for a few seconds and plugged
-back in, the job recovers with exact results; every process of one host
-killed ends the job on the other host within 30 s, leaving nothing behind."""
+"""Network faults on a cluster in a box (2 hosts x 2 ranks) under plain mpirun:
+a cable pulled for a few seconds and plugged back in, the job recovers with
+exact results; every process of one host killed ends the job on the other
+host within 30 s, leaving nothing behind. (A cable pulled for good, and a
+host lost under the launcher: test_lost_hosts.py.)"""
 
 from __future__ import annotations
 
@@ -79,58 +79,6 @@ def started(job: Job, timeout: float = 60) -> None:
     assert ok, "job did not start:\n" + job.text()[-5000:]
 
 
-def ranks_on(cluster, host: int) -> list:
-    """PIDs of this test's training processes in `host`'s namespace."""
-    found = []
-    for pid in netns.netns_pids(cluster.hosts[host]):
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                if SCRIPT.encode() in f.read():
-                    found.append(pid)
-        except OSError:
-            pass
-    return found
-
-
-def test_link_down_past_stall_abort_ends_the_job(cluster):
-    job = Job(cluster, steps=400, sleep=0.05, env={
-        # 8 s, not less: on a loaded 2-core machine a rank can starve for seconds
-        "MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "8",
-        "MXNET_MPI_HEALTH_INTERVAL_S": "0.2"})
-    abort_msg = "more than MXNET_MPI_STALL_ABORT_S=8"
-    try:
-        started(job)
-        assert job.wait_for(lambda t: "STEP 2\n" in t, 30), job.text()[-3000:]
-        cluster.link(1, up=False)
-        t0 = time.monotonic()
-        aborted = job.wait_for(lambda t: abort_msg in t, 30)
-        took = time.monotonic() - t0
-        assert aborted, job.text()[-5000:]
-        assert 7 < took < 30, took
-        # Host 0's ranks stop by themselves (MPI_Abort) while the cable is still out.
-        deadline = time.monotonic() + 15
-        while ranks_on(cluster, 0) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert ranks_on(cluster, 0) == [], job.text()[-3000:]
-        # mpirun can only tell host 1's daemon once the cable is back (until TCP
-        # gives up, ~15 min): then the whole job ends, non-zero.
-        cluster.link(1, up=True)
-        rc = job.wait(30)
-        out = job.text()
-        assert rc is not None and rc != 0, out[-5000:]
-        # Host 0's ranks name host 1's ranks (2 and 3) as missing, unreachable.
-        msg = [ln for ln in out.splitlines() if abort_msg in ln
-               and ("[rank 0]" in ln or "[rank 1]" in ln)]
-        assert msg, out[-5000:]
-        assert "Missing ranks: 2 (not answering" in msg[0] and "; 3 (not answering" in msg[0]
-        assert "host is unreachable" in msg[0]
-        assert "EXACT" not in out
-    finally:
-        cluster.link(1, up=True)
-        job.kill()
-    assert wait_no_procs(cluster) == []
-
-
 def test_link_down_a_few_seconds_recovers_exactly(cluster):
     job = Job(cluster, steps=25, sleep=0.05, env={
         "MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "30",
@@ -168,7 +116,8 @@ def test_host_killed_ends_the_job_on_the_others(cluster):
         out = job.text()
         assert took < 30 and "EXACT" not in out, out[-3000:]
         # Open MPI 5.0's mpirun reports the lost daemon but exits 0 (PRRTE's
-        # status for a lost daemon); what must hold is that the job ended and
+        # status for a lost daemon; the launcher turns it into a failure, see
+        # test_lost_hosts.py); what must hold here is that the job ended and
         # said why.
         assert "daemon" in out and cluster.hosts[1] in out, out[-3000:]
         assert wait_no_procs(cluster) == [], "processes left in the hosts"

@@ -7,8 +7,6 @@ Every rank prints "rank R pid P ready" once its store works, then:
   sys_exit       rank 1 calls sys.exit(1); rank 0 keeps pushing
   raise_exit     rank 1 raises SystemExit(3) from a function; rank 0 keeps pushing
   argparse       rank 1 parses bad arguments (argparse exits with status 2)
-  fork           every rank forks a child that computes with MXNet, tries the
-                 store (must be refused) and exits 0; then the ranks go on
   pending_error  a collective fails (shapes differ) and nobody waits for it;
                  the program ends normally: exit 0, no abort, a note on stderr
   caught_exit1   a collective error is caught, then every rank sys.exit(1)s
@@ -66,21 +64,6 @@ elif scenario == "argparse":
     if RANK == 1:
         argparse.ArgumentParser().parse_args(["--no-such-option"])
     keep_pushing(120)
-elif scenario == "fork":
-    pid = os.fork()
-    if pid == 0:
-        b = (mx.nd.ones((50, 50)) * 2).sum().asscalar()
-        try:
-            kv.pushpull("in-child", mx.nd.ones((2,)))
-            refused = "NOT REFUSED"
-        except mxnet_mpi.MPIKVStoreError as exc:
-            refused = "refused: %s" % str(exc).splitlines()[0]
-        print("child of rank %d computed %g, store %s" % (RANK, b, refused), flush=True)
-        sys.exit(0)
-    _, status = os.waitpid(pid, 0)
-    print("rank %d child exited with status %d" % (RANK, os.waitstatus_to_exitcode(status)),
-          flush=True)
-    keep_pushing(60, steps=5)
 elif scenario == "pending_error":
     x = mx.nd.ones((3,) if RANK == 0 else (4,))
     kv.pushpull("mismatch", x)

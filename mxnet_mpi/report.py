@@ -1,0 +1,99 @@
+"""A rank's reports to ``python -m mxnet_mpi.launch``: how the launcher knows
+which ranks finished cleanly, and on which host each one ran.
+
+The launcher listens on a TCP port and exports ``MXNET_MPI_REPORT=addr:port``.
+A rank started through the runner (``python -m mxnet_mpi``, which the
+launcher inserts) connects at start and sends ``start RANK HOST PID``; at the
+very end of Python's exit handlers it sends ``end STATUS``. The connection
+stays open for the life of the process, so the launcher also learns when a
+rank dies without a word (killed, aborted, its host gone): its connection
+closes without ``end``. A rank whose host becomes unreachable sends nothing
+at all; the launcher names it once the others have ended.
+
+Pure Python and no MXNet: it runs before MXNet is imported. Every failure to
+report is silent (the job must not depend on the launcher's port), and a
+forked child never reports (it closes its copy of the connection).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+
+ENV = "MXNET_MPI_REPORT"
+_state: dict = {"sock": None, "status": None}
+
+
+def rank_from_env() -> int | None:
+    """This process's rank as mpirun set it, before MPI is initialised."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _send(line: str) -> None:
+    sock = _state["sock"]
+    if sock is None:
+        return
+    try:
+        sock.sendall(line.encode() + b"\n")
+    except OSError:
+        _drop()
+
+
+def _drop() -> None:
+    sock, _state["sock"] = _state["sock"], None
+    if sock is not None:
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+
+def started() -> None:
+    """Connect to the launcher (if ``MXNET_MPI_REPORT`` is set) and say that
+    this rank started; registers the report of its end. Idempotent."""
+    target = os.environ.get(ENV, "")
+    rank = rank_from_env()
+    if _state["sock"] is not None or not target or rank is None:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        _state["sock"] = socket.create_connection((host, int(port)), timeout=3)
+        _state["sock"].settimeout(10)
+    except (OSError, ValueError):
+        return
+    _send("start %d %s %d" % (rank, socket.gethostname(), os.getpid()))
+    # Registered before the script and MXNet register theirs: runs after them.
+    atexit.register(_at_exit)
+    os.register_at_fork(after_in_child=_drop)
+    # Scripts that end with os._exit(0) (to skip a slow teardown) end cleanly
+    # too; in a forked child the connection is gone and nothing is sent.
+    quick_exit = os._exit
+
+    def _exit(code: int) -> None:
+        _send("end %d" % code)
+        quick_exit(code)
+
+    os._exit = _exit
+
+
+def set_status(status: object) -> None:
+    """The exit status the program is about to end with (as sys.exit takes it)."""
+    _state["status"] = status
+
+
+def _at_exit() -> None:
+    status = _state["status"]
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status
+    else:
+        code = 1   # sys.exit("message") exits 1
+    _send("end %d" % code)
+    # The connection stays open until the process is gone: its close tells the
+    # launcher that the process really exited (MPI finalised with the others).

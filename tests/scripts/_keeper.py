@@ -1,0 +1,1 @@
+KEEP = []   # ps_exit.py keeps its Trainer here, alive until the interpreter exits
