@@ -1,7 +1,7 @@
 """The launcher on a cluster in a box (2 network-namespace hosts x 1 rank, the
 launcher on host 0) when a host goes away mid-training: every process of host
-1 killed (with a ps-lite server), and host 1's cable pulled for good (pure
-MPI). Open MPI's mpirun exits 0 after losing a host, and waits ~15 minutes for
+1 killed (pure MPI, and with a ps-lite server), and host 1's cable pulled for
+good (pure MPI). Open MPI's mpirun exits 0 after losing a host, and waits ~15 minutes for
 an unreachable one; the launcher must end the job, non-zero, naming the host."""
 
 from __future__ import annotations
@@ -80,8 +80,10 @@ class Launch:
         self.proc.wait()
 
 
-def test_host_killed_under_the_launcher_with_a_ps_server(cluster):
-    job = Launch(cluster, 1, "dist_sync_mpi", {})   # default stall settings (600 s)
+@pytest.mark.parametrize("servers,kvstore", [(1, "dist_sync_mpi"), (0, "mpi")],
+                         ids=["ps_server", "pure_mpi"])
+def test_host_killed_under_the_launcher(cluster, servers, kvstore):
+    job = Launch(cluster, servers, kvstore, {})   # default stall settings (600 s)
     try:
         assert job.wait_for("STEP 3\n", 90), job.text()[-3000:]
         killed = cluster.kill_host(1)
@@ -100,7 +102,7 @@ def test_host_killed_under_the_launcher_with_a_ps_server(cluster):
         assert "DONE" not in out
     finally:
         job.kill()
-    # the scheduler and server ran in host 0's namespace, with the launcher
+    # a scheduler and server, if any, ran in host 0's namespace, with the launcher
     assert wait_no_procs(cluster) == [], "processes left in the hosts"
 
 
