@@ -3,10 +3,12 @@
 #include "mpi_ops.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <thread>
 
 #include "half.h"
 
@@ -194,22 +196,6 @@ int64_t ChunkElems(int64_t chunk_bytes, int esize) {
   return std::min<int64_t>(by_bytes, INT_MAX / 8);
 }
 
-// Sum (or min/max/product, by `flags`) of n elements over the communicator,
-// chunked; in == out means in place.
-std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
-                          int flags, int64_t chunk_bytes, const std::string& name) {
-  const int esize = DTypeSize(dtype);
-  const int64_t step = ChunkElems(chunk_bytes, esize);
-  for (int64_t off = 0; off < n; off += step) {
-    const int len = static_cast<int>(std::min(step, n - off));
-    char* o = static_cast<char*>(out) + off * esize;
-    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
-    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), ReduceOp(dtype, flags), comm);
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
-  }
-  return "";
-}
-
 // Blocks of n elements over p ranks: the first n % p ranks get one more.
 void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs) {
   counts->assign(p, 0);
@@ -220,6 +206,73 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
     (*displs)[r] = static_cast<int>(at);
     at += (*counts)[r];
   }
+}
+
+// Allreduce of n elements in place over a ring of point-to-point messages:
+// a reduce-scatter (block b is summed along the ring and completed by rank
+// (b - 1) mod p), then an allgather of the completed blocks. Every element is
+// reduced once, by one rank, and copied to the others, so all ranks hold the
+// same bits. The waits sleep (WaitAllSleeping): Open MPI's blocking
+// collectives poll, which takes the core that backprop needs.
+std::string RingAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int flags,
+                          Scratch* s, const std::string& name) {
+  int p = 1, me = 0;
+  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(comm, &me);
+  const int esize = DTypeSize(dtype);
+  const MPI_Datatype type = MpiType(dtype);
+  const MPI_Op op = ReduceOp(dtype, flags);
+  std::vector<int> counts, displs;
+  Blocks(n, p, &counts, &displs);
+  char* base = static_cast<char*>(buf);
+  char* tmp = s->Get(&s->b, static_cast<size_t>(counts[0]) * esize + 1);
+  const int right = (me + 1) % p, left = (me + p - 1) % p;
+  auto at = [&](int b) { return base + static_cast<int64_t>(displs[b]) * esize; };
+  MPI_Request reqs[2];
+  for (int step = 0; step < p - 1; ++step) {   // reduce-scatter
+    const int send = (me - step + p) % p, recv = (me - step - 1 + 2 * p) % p;
+    int rc = MPI_Irecv(tmp, counts[recv], type, left, 0, comm, &reqs[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(at(send), counts[send], type, right, 0, comm, &reqs[1]);
+    if (rc == MPI_SUCCESS) rc = WaitAllSleeping(2, reqs);
+    if (rc != MPI_SUCCESS) return MpiError("ring allreduce (reduce-scatter)", rc, name);
+    // at(recv) = tmp (op) at(recv): the sender's partial sum first, on every rank alike
+    rc = MPI_Reduce_local(tmp, at(recv), counts[recv], type, op);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
+  }
+  for (int step = 0; step < p - 1; ++step) {   // allgather of the completed blocks
+    const int send = (me + 1 - step + p) % p, recv = (me - step + p) % p;
+    int rc = MPI_Irecv(at(recv), counts[recv], type, left, 1, comm, &reqs[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(at(send), counts[send], type, right, 1, comm, &reqs[1]);
+    if (rc == MPI_SUCCESS) rc = WaitAllSleeping(2, reqs);
+    if (rc != MPI_SUCCESS) return MpiError("ring allreduce (allgather)", rc, name);
+  }
+  return "";
+}
+
+// Sum (or min/max/product, by `flags`) of n elements over the communicator,
+// chunked; in == out means in place.
+std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
+                          int flags, const Transfer& t, Scratch* s, const std::string& name) {
+  const int esize = DTypeSize(dtype);
+  const int64_t step = ChunkElems(t.chunk_bytes, esize);
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  for (int64_t off = 0; off < n; off += step) {
+    const int len = static_cast<int>(std::min(step, n - off));
+    char* o = static_cast<char*>(out) + off * esize;
+    if (t.ring_bytes > 0 && p > 1 && static_cast<int64_t>(len) * esize >= t.ring_bytes &&
+        len >= p) {
+      if (in != out) std::memcpy(o, static_cast<const char*>(in) + off * esize,
+                                 static_cast<size_t>(len) * esize);
+      const std::string err = RingAllreduce(comm, o, len, dtype, flags, s, name);
+      if (!err.empty()) return err;
+      continue;
+    }
+    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
+    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), ReduceOp(dtype, flags), comm);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
+  }
+  return "";
 }
 
 // fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
@@ -301,7 +354,7 @@ void Unpack(Unit* u, const char* buf, int esize) {
 }
 
 // ---------------------------------------------------------------- per kind
-std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) {
   const int esize = DTypeSize(u->dtype);
   const std::string name = Name(*u);
   const bool average = (u->flags & kAverage) != 0;
@@ -314,7 +367,7 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes
                            average ? u->active : 1, s, name);
     }
     std::string err = ReduceChunked(comm, part.in, part.out, part.count, u->dtype, u->flags,
-                                    chunk_bytes, name);
+                                    t, s, name);
     if (err.empty() && average) Divide(part.out, part.count, u->dtype, u->active);
     return err;
   }
@@ -330,8 +383,7 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes
   }
   char* buf = s->Get(&s->a, static_cast<size_t>(u->total) * esize);
   Pack(*u, buf, esize);
-  std::string err = ReduceChunked(comm, buf, buf, u->total, u->dtype, u->flags, chunk_bytes,
-                                  name);
+  std::string err = ReduceChunked(comm, buf, buf, u->total, u->dtype, u->flags, t, s, name);
   if (!err.empty() || u->joined) return err;
   if (average) Divide(buf, u->total, u->dtype, u->active);
   Unpack(u, buf, esize);
@@ -478,11 +530,25 @@ std::string RunReduceScatter(MPI_Comm comm, Unit* u, Scratch* s) {
 
 }  // namespace
 
-std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+int WaitAllSleeping(int n, MPI_Request* reqs) {
+  const auto start = std::chrono::steady_clock::now();
+  auto nap = std::chrono::microseconds(10);
+  for (;;) {
+    int done = 0;
+    const int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    // a few microseconds of polling catch peers that are already there
+    if (std::chrono::steady_clock::now() - start < std::chrono::microseconds(20)) continue;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
+}
+
+std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) {
   if (u->total == 0 && u->op != OpKind::kAllgather && u->op != OpKind::kAlltoall) return "";
   switch (u->op) {
-    case OpKind::kAllreduce: return RunAllreduce(comm, u, s, chunk_bytes);
-    case OpKind::kBroadcast: return RunBroadcast(comm, u, s, chunk_bytes);
+    case OpKind::kAllreduce: return RunAllreduce(comm, u, s, t);
+    case OpKind::kBroadcast: return RunBroadcast(comm, u, s, t.chunk_bytes);
     case OpKind::kAllgather: return RunAllgather(comm, u, s);
     case OpKind::kAlltoall: return RunAlltoall(comm, u, s);
     case OpKind::kReduceScatter: return RunReduceScatter(comm, u, s);

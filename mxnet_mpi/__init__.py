@@ -8,17 +8,21 @@ initialised on first use. An installed package is imported with mxnet by its
 start-up hook (``_mxnet_mpi_autoload``; ``MXNET_MPI_AUTOLOAD=0`` turns it off).
 """
 
-from . import hybrid, mxnet_patches, ops, stores
-from .collectives import SUPPORTED_DTYPES
-from .consistency import check_consistency
-from .errors import MPIKVStoreError
-from .hybrid import HybridKVStore
-from .joining import join
-from .kvstore import MPIKVStore
-from .modes import DEFAULT_MODE, MODES
-from .ops import allreduce_, broadcast_  # the same functions as mxnet_mpi.ops's
-from .syncbn import SyncBatchNorm
-from .world import finalize, init, local_rank, local_size, rank, size, world
+from . import transport
+
+transport.apply()   # Open MPI's transport defaults, before MPI is initialised
+
+from . import hybrid, mxnet_patches, ops, stores  # noqa: E402
+from .collectives import SUPPORTED_DTYPES  # noqa: E402
+from .consistency import check_consistency  # noqa: E402
+from .errors import MPIKVStoreError  # noqa: E402
+from .hybrid import HybridKVStore  # noqa: E402
+from .joining import join  # noqa: E402
+from .kvstore import MPIKVStore  # noqa: E402
+from .modes import DEFAULT_MODE, MODES  # noqa: E402
+from .ops import allreduce_, broadcast_  # the same functions as mxnet_mpi.ops's  # noqa: E402
+from .syncbn import SyncBatchNorm  # noqa: E402
+from .world import finalize, init, local_rank, local_size, rank, size, world  # noqa: E402
 
 mxnet_patches.apply()
 

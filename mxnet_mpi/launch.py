@@ -37,6 +37,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import transport
 from .hybrid import ROUTES, expected_ps_workers
 
 PREFIX = "mxnet_mpi.launch: "
@@ -279,6 +280,7 @@ def job_env(args: argparse.Namespace) -> tuple:
     """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    transport.apply(env)   # Open MPI's transport defaults, unless the user set them
     exported = {"MXNET_MPI_HYBRID_ROUTE": args.route}
     if not args.per_host:   # else the store's default: the ranks of one host
         exported["MXNET_MPI_GROUP_SIZE"] = str(args.n // args.groups)

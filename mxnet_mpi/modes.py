@@ -28,7 +28,7 @@ from . import _native
 from .collectives import Stream
 from .errors import MPIKVStoreError
 from .settings import env_number
-from .world import THREAD_MULTIPLE, Communicator, thread_level
+from .world import THREAD_MULTIPLE, Communicator, local_size, thread_level, world
 
 MODES = ("chained", "funneled", "concurrent")
 # Chosen from benchmarks/overlap.py, overhead.py and cluster.py (README "Modes").
@@ -44,6 +44,15 @@ STREAM_SETTINGS = {
     "MXNET_MPI_LARGE_LANES": 1,          # concurrent: lanes (threads) for large arrays
     "MXNET_MPI_CYCLE_US": 200,           # funneled: pause after a cycle agreeing on nothing
 }
+# Allreduce chunks of at least this many bytes go around the store's own ring
+# (point-to-point messages, waits that sleep) when its communicator spans
+# hosts: Open MPI's blocking collectives poll while the network works, taking
+# the core that backprop needs (half a core per rank at 1 Gbit/s), and its
+# non-blocking ones ran at 2x the wire time. On one host (shared memory) MPI's
+# own allreduce is faster. MXNET_MPI_RING_BYTES sets the threshold anywhere
+# (0: never).
+RING_VAR = "MXNET_MPI_RING_BYTES"
+RING_BYTES = 256 << 10
 
 _KINDS = {"chained": _native.EXEC_CHAINED, "funneled": _native.EXEC_FUNNELED,
           "concurrent": _native.EXEC_CONCURRENT}
@@ -76,6 +85,24 @@ def stream_options() -> dict:
     return {names[k]: int(env_number(k, v, int)) for k, v in STREAM_SETTINGS.items()}
 
 
+def spans_hosts(comm: Communicator) -> bool:
+    """Whether `comm` has members on more than one host (judged from the world:
+    a communicator larger than this host's share of the world must span hosts,
+    and the world does when its ranks are not all on this host)."""
+    w = world()
+    if w.size == local_size():
+        return False
+    return comm.id == w.id or comm.size > local_size()
+
+
+def ring_bytes(comm: Communicator) -> int:
+    """The ring threshold for a store over `comm`: $MXNET_MPI_RING_BYTES, else
+    RING_BYTES across hosts and 0 (never) on one host."""
+    if RING_VAR in os.environ:
+        return int(env_number(RING_VAR, 0, int))
+    return RING_BYTES if spans_hosts(comm) else 0
+
+
 def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
     """A native stream running `mode` over a private duplicate of `comm`
     (collective over it)."""
@@ -83,4 +110,4 @@ def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
         raise MPIKVStoreError(
             "mode '%s' needs MPI_THREAD_MULTIPLE but this MPI provides thread level %d; use "
             "mode 'chained' (MXNET_MPI_MODE)" % (mode, thread_level()))
-    return Stream(_KINDS[mode], comm, name, **stream_options())
+    return Stream(_KINDS[mode], comm, name, ring_bytes=ring_bytes(comm), **stream_options())
