@@ -9,7 +9,8 @@ link shaped to `rate_gbit`:
 - a plain TCP stream's rate (100 MiB, or what takes about 1 s at the rate);
 - a plain TCP round trip (1 byte, TCP_NODELAY, median of 200);
 - an MPI round trip (mpi4py, 8 bytes, half of it reported as Open MPI reports
-  latency, median of 200) and a raw in-place ``MPI_Allreduce`` of the
+  latency, median of 200), quiet and while a busy process shares each
+  rank's cores (as backprop does during training), and a raw in-place ``MPI_Allreduce`` of the
   gradient size against the ring's wire time (2(p-1)/p x bytes x 8 / rate),
   with its CPU time / wall time, each with Open MPI's own defaults and with
   mxnet_mpi's transport defaults (mxnet_mpi/transport.py).
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -115,18 +118,33 @@ def mpi_probe(nbytes: int, reps: int, out: str) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     msg = np.zeros(8, dtype=np.uint8)
-    times = []
-    for i in range(220):
-        comm.Barrier() if i % 50 == 0 else None
-        t0 = time.perf_counter()
-        if rank == 0:
-            comm.Send(msg, dest=1)
-            comm.Recv(msg, source=1)
-        elif rank == 1:
-            comm.Recv(msg, source=0)
-            comm.Send(msg, dest=0)
-        times.append(time.perf_counter() - t0)
-    half_rtt = statistics.median(times[20:]) / 2
+
+    def half_rtt() -> float:
+        times = []
+        for i in range(220):
+            comm.Barrier() if i % 50 == 0 else None
+            t0 = time.perf_counter()
+            if rank == 0:
+                comm.Send(msg, dest=1)
+                comm.Recv(msg, source=1)
+            elif rank == 1:
+                comm.Recv(msg, source=0)
+                comm.Send(msg, dest=0)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[20:]) / 2
+
+    quiet = half_rtt()
+    # The same while a process computes on each host's cores (as backprop does
+    # while gradients move): a rank that polls shares its core with it.
+    busy = os.fork()
+    if busy == 0:
+        while True:
+            pass
+    try:
+        loaded = half_rtt()
+    finally:
+        os.kill(busy, signal.SIGKILL)
+        os.waitpid(busy, 0)
     buf = np.ones(nbytes // 4, dtype=np.float32)
     comm.Allreduce(MPI.IN_PLACE, buf)   # warm-up (connections, registrations)
     comm.Barrier()
@@ -137,7 +155,8 @@ def mpi_probe(nbytes: int, reps: int, out: str) -> None:
     cpu = (time.process_time() - c0) / wall
     cpus = comm.gather(cpu)
     if rank == 0:
-        Path(out).write_text(json.dumps({"half_rtt_us": half_rtt * 1e6,
+        Path(out).write_text(json.dumps({"half_rtt_us": quiet * 1e6,
+                                         "half_rtt_busy_us": loaded * 1e6,
                                          "allreduce_ms": wall / reps * 1e3,
                                          "cpu_per_wall": sum(cpus) / len(cpus)}))
 
@@ -190,6 +209,7 @@ def check_link(cluster, rate_gbit: float | None, grad_bytes: int, outdir: Path) 
            "tcp_rtt_us": tcp["rtt_us"], "grad_MB": grad_bytes / 2**20, "wire_ms": wire}
     for tag, r in (("ompi", plain), ("ours", tuned)):
         row["mpi_half_rtt_us_" + tag] = r["half_rtt_us"]
+        row["mpi_half_rtt_busy_us_" + tag] = r["half_rtt_busy_us"]
         row["allreduce_ms_" + tag] = r["allreduce_ms"]
         row["allreduce_vs_wire_" + tag] = r["allreduce_ms"] / wire if wire else None
         row["allreduce_cpu_per_wall_" + tag] = r["cpu_per_wall"]
@@ -200,11 +220,13 @@ def print_check(row: dict) -> None:
     rate = row["link_gbit"]
     share = row["tcp_share"]
     print("link check %s: TCP stream %.2f Gbit/s%s, TCP round trip %.0f us; MPI half round "
-          "trip %.0f us (Open MPI defaults) / %.0f us (ours); raw allreduce of %.1f MB "
-          "%.0f / %.0f ms%s, CPU/wall %.2f / %.2f"
+          "trip %.0f us (Open MPI defaults) / %.0f us (ours), with a busy process beside "
+          "each rank %.0f / %.0f us; raw allreduce of %.1f MB %.0f / %.0f ms%s, CPU/wall "
+          "%.2f / %.2f"
           % ("unshaped" if not rate else "%g Gbit/s" % rate, row["tcp_gbit"],
              "" if share is None else " (%.0f%% of the shaped rate)" % (100 * share),
              row["tcp_rtt_us"], row["mpi_half_rtt_us_ompi"], row["mpi_half_rtt_us_ours"],
+             row["mpi_half_rtt_busy_us_ompi"], row["mpi_half_rtt_busy_us_ours"],
              row["grad_MB"], row["allreduce_ms_ompi"], row["allreduce_ms_ours"],
              "" if not row["wire_ms"] else " (%.2fx / %.2fx the wire time %.0f ms)"
              % (row["allreduce_vs_wire_ompi"], row["allreduce_vs_wire_ours"], row["wire_ms"]),
