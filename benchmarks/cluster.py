@@ -28,7 +28,9 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    wire, its comm-only time in the note); Horovod 0.28.1
    DistributedTrainer when importable (else a skipped row; it runs with oneDNN
    off, which it needs, and its note gives its own compute time); ps-lite
-   ``dist_sync`` with its server on host 2.
+   ``dist_sync`` with its server on host N, and with more than 2 hosts (or
+   ``--server-per-host``) ``dist_sync 1/host``: one server on each worker's
+   host.
 
 Writes cluster.csv (link_gbit, store, ms_per_step, compute_ms, comm_ms,
 grad_MB, hosts, wire_ms = the ring's time on the wire, cpu_per_wall = a
@@ -76,6 +78,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--bind", choices=("cores", "none"), default="cores",
                     help="cores: a cpuset per rank host (default); none: share all cores")
     ap.add_argument("--no-linkcheck", action="store_true", help="skip the link check")
+    ap.add_argument("--server-per-host", action="store_true",
+                    help="also dist_sync with one server per host (always with > 2 hosts)")
     ap.add_argument("--outdir", default=str(HERE / "results"))
     ap.add_argument("--worker", choices=("pslite", "horovod"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
@@ -159,17 +163,21 @@ def job_env(cluster, chunk_bytes: int | None = None) -> dict:
     return env
 
 
-def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> dict:
-    """dist_sync: scheduler and server on host N, one worker on each of hosts 0..N-1."""
+def pslite_run(cluster, args: argparse.Namespace, out_json: Path,
+               server_per_host: bool = False) -> dict:
+    """dist_sync: one worker on each of hosts 0..N-1; the scheduler on host N,
+    and one server on host N or (`server_per_host`) one on each worker's host."""
     from mxnet_mpi.launch import free_port
 
     env = job_env(cluster)
     ps = args.hosts
+    servers = list(range(args.hosts)) if server_per_host else [ps]
     dmlc = {"DMLC_PS_ROOT_URI": cluster.addrs[ps], "DMLC_PS_ROOT_PORT": str(free_port()),
-            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(args.hosts), "PS_VERBOSE": "0"}
+            "DMLC_NUM_SERVER": str(len(servers)), "DMLC_NUM_WORKER": str(args.hosts),
+            "PS_VERBOSE": "0"}
     procs, workers = [], []
     try:
-        for host, role in ((ps, "scheduler"), (ps, "server")):
+        for host, role in [(ps, "scheduler")] + [(h, "server") for h in servers]:
             procs.append(subprocess.Popen(
                 cluster.exec_cmd(host, [sys.executable, "-c", "import mxnet"]),
                 env={**env, **dmlc, "DMLC_ROLE": role, "DMLC_NODE_HOST": cluster.addrs[host]},
@@ -320,6 +328,9 @@ def drive(args: argparse.Namespace) -> None:
                     % (hv["compute"] * 1e3))
             ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
             row("dist_sync", ps["step"], note="server on host %d" % args.hosts)
+            if args.hosts > 2 or args.server_per_host:
+                ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate), True)
+                row("dist_sync 1/host", ps["step"], note="one server on each worker's host")
             print("link %g Gbit/s done (%.0f s so far)" % (rate, time.time() - t_start),
                   flush=True)
     loads.append(loadavg())
