@@ -7,14 +7,12 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # Open MPI transport defaults (mxnet_mpi/transport.py, which `import mxnet_mpi`
-# applies too): a waiting rank yields its core; 4 TCP connections per peer.
-# A value set in the environment or on the command line wins.
-# MXNET_MPI_TRANSPORT_DEFAULTS=0 turns them off.
+# applies too): 4 TCP connections per peer. A value set in the environment or
+# on the command line wins; MXNET_MPI_TRANSPORT_DEFAULTS=0 turns them off.
 ifneq ($(filter 0 false no off,$(MXNET_MPI_TRANSPORT_DEFAULTS)),)
 else
-OMPI_MCA_mpi_yield_when_idle ?= 1
 OMPI_MCA_btl_tcp_links ?= 4
-export OMPI_MCA_mpi_yield_when_idle OMPI_MCA_btl_tcp_links
+export OMPI_MCA_btl_tcp_links
 endif
 
 .PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \

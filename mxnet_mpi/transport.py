@@ -18,16 +18,15 @@ from typing import MutableMapping
 
 # name -> (value, why)
 DEFAULTS = {
-    # Open MPI's progress loop busy-polls; on a host whose cores are all busy
-    # (training) that starves the kernel's network work and every blocking
-    # call waits for a scheduler tick (4 ms half round trip on 2 busy cores;
-    # 40 us with yielding). Costs nothing measurable on shared memory.
-    "OMPI_MCA_mpi_yield_when_idle": ("1", "a waiting rank yields its core"),
-    # One TCP connection per peer cannot fill a link; four carry large
-    # messages striped (a 2-rank allreduce went from 2.1x to about 1.1x the
-    # wire time).
+    # One TCP connection per peer cannot fill a link: a 2-rank allreduce of
+    # 42.8 MB took 2.3x the wire time at 0.97 Gbit/s, 1.16x with four
+    # connections striping large messages (benchmarks/results/transport-netns).
     "OMPI_MCA_btl_tcp_links": ("4", "TCP connections per peer"),
 }
+# Not set: OMPI_MCA_mpi_yield_when_idle=1. It also brings that allreduce to
+# 1.1x, and rescues two polling ranks bound to one core, but a rank whose core
+# also computes (training) then hands the core over at every idle poll: an
+# MPI round trip took 4.5-7 ms instead of 15-21 us. The stores' own waits sleep.
 OFF_VAR = "MXNET_MPI_TRANSPORT_DEFAULTS"
 _OFF = ("0", "false", "no", "off")
 
