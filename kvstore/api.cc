@@ -379,7 +379,7 @@ MXMPI_API int mxmpi_comm_free(int id) {
 
 // A store over communicator `comm` (collective over it); *out gets its id.
 MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t fusion_bytes,
-                                 int64_t small_bytes, int64_t chunk_bytes, int64_t ring_bytes,
+                                 int64_t small_bytes, int64_t chunk_bytes, int64_t p2p_bytes,
                                  int large_lanes, int cycle_us, int* out) {
   MXMPI_GUARD();
   if (kind < 0 || kind > 2) return Fail("mxnet_mpi: unknown store kind " + std::to_string(kind));
@@ -389,7 +389,7 @@ MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t f
   o.fusion_bytes = std::max<int64_t>(0, fusion_bytes);
   o.small_bytes = std::max<int64_t>(0, small_bytes);
   o.chunk_bytes = std::max<int64_t>(4096, chunk_bytes);
-  o.ring_bytes = std::max<int64_t>(0, ring_bytes);
+  o.p2p_bytes = std::max<int64_t>(0, p2p_bytes);
   o.large_lanes = std::max(1, large_lanes);
   o.cycle_us = std::max(0, cycle_us);
   std::string err;

@@ -398,7 +398,7 @@ int Lane::RunOne(const std::vector<Request*>& cands, bool joined) {
   for (Request* r : a.unit.members) r->t_start = start;
   Transfer t;
   t.chunk_bytes = cfg_.chunk_bytes;
-  t.ring_bytes = cfg_.ring_bytes;
+  t.p2p_bytes = cfg_.p2p_bytes;
   const std::string err = RunUnit(cfg_.comm, &a.unit, &scratch_, t);
   Finish(seqs, err);
   return a.n;

@@ -208,14 +208,17 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
   }
 }
 
-// Allreduce of n elements in place over a ring of point-to-point messages:
-// a reduce-scatter (block b is summed along the ring and completed by rank
-// (b - 1) mod p), then an allgather of the completed blocks. Every element is
-// reduced once, by one rank, and copied to the others, so all ranks hold the
-// same bits. The waits sleep (WaitAllSleeping): Open MPI's blocking
-// collectives poll, which takes the core that backprop needs.
-std::string RingAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int flags,
-                          Scratch* s, const std::string& name) {
+// Allreduce of n elements in place over point-to-point messages: each rank
+// owns one block; every rank sends each block to its owner (a reduce-scatter),
+// the owner reduces its block in rank order 0, 1, ..., p-1 and sends the
+// result to every rank (an allgather). The bytes each rank sends and receives
+// are a ring's, 2(p-1)/p x n. Every element is reduced once, in the same order
+// whatever the buffer's size or layout (fusion groups arrays by timing), and
+// copied to the others, so all ranks, and all runs, hold the same bits. The
+// waits sleep (WaitAllSleeping): Open MPI's blocking collectives poll, which
+// takes the core that backprop needs.
+std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int flags,
+                         Scratch* s, const std::string& name) {
   int p = 1, me = 0;
   MPI_Comm_size(comm, &p);
   MPI_Comm_rank(comm, &me);
@@ -225,27 +228,43 @@ std::string RingAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fl
   std::vector<int> counts, displs;
   Blocks(n, p, &counts, &displs);
   char* base = static_cast<char*>(buf);
-  char* tmp = s->Get(&s->b, static_cast<size_t>(counts[0]) * esize + 1);
-  const int right = (me + 1) % p, left = (me + p - 1) % p;
   auto at = [&](int b) { return base + static_cast<int64_t>(displs[b]) * esize; };
-  MPI_Request reqs[2];
-  for (int step = 0; step < p - 1; ++step) {   // reduce-scatter
-    const int send = (me - step + p) % p, recv = (me - step - 1 + 2 * p) % p;
-    int rc = MPI_Irecv(tmp, counts[recv], type, left, 0, comm, &reqs[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(at(send), counts[send], type, right, 0, comm, &reqs[1]);
-    if (rc == MPI_SUCCESS) rc = WaitAllSleeping(2, reqs);
-    if (rc != MPI_SUCCESS) return MpiError("ring allreduce (reduce-scatter)", rc, name);
-    // at(recv) = tmp (op) at(recv): the sender's partial sum first, on every rank alike
-    rc = MPI_Reduce_local(tmp, at(recv), counts[recv], type, op);
+  const size_t mine = static_cast<size_t>(counts[me]) * esize;
+  // every rank's copy of my block, by rank
+  char* parts = s->Get(&s->b, mine * p + 1);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * p);
+  int rc = MPI_SUCCESS;
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    reqs.emplace_back();
+    rc = MPI_Irecv(parts + r * mine, counts[me], type, r, 0, comm, &reqs.back());
+  }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    const int r = (me + k) % p;   // staggered, so that not every rank sends to rank 0 first
+    reqs.emplace_back();
+    rc = MPI_Isend(at(r), counts[r], type, r, 0, comm, &reqs.back());
+  }
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
+  std::memcpy(parts + me * mine, at(me), mine);
+  std::memcpy(at(me), parts, mine);
+  for (int r = 1; r < p; ++r) {   // acc = x_r (op) acc, r = 1..p-1
+    rc = MPI_Reduce_local(parts + r * mine, at(me), counts[me], type, op);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
   }
-  for (int step = 0; step < p - 1; ++step) {   // allgather of the completed blocks
-    const int send = (me + 1 - step + p) % p, recv = (me - step + p) % p;
-    int rc = MPI_Irecv(at(recv), counts[recv], type, left, 1, comm, &reqs[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(at(send), counts[send], type, right, 1, comm, &reqs[1]);
-    if (rc == MPI_SUCCESS) rc = WaitAllSleeping(2, reqs);
-    if (rc != MPI_SUCCESS) return MpiError("ring allreduce (allgather)", rc, name);
+  reqs.clear();
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    reqs.emplace_back();
+    rc = MPI_Irecv(at(r), counts[r], type, r, 1, comm, &reqs.back());
   }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    reqs.emplace_back();
+    rc = MPI_Isend(at(me), counts[me], type, (me + k) % p, 1, comm, &reqs.back());
+  }
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (allgather)", rc, name);
   return "";
 }
 
@@ -260,11 +279,11 @@ std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, i
   for (int64_t off = 0; off < n; off += step) {
     const int len = static_cast<int>(std::min(step, n - off));
     char* o = static_cast<char*>(out) + off * esize;
-    if (t.ring_bytes > 0 && p > 1 && static_cast<int64_t>(len) * esize >= t.ring_bytes &&
+    if (t.p2p_bytes > 0 && p > 1 && static_cast<int64_t>(len) * esize >= t.p2p_bytes &&
         len >= p) {
       if (in != out) std::memcpy(o, static_cast<const char*>(in) + off * esize,
                                  static_cast<size_t>(len) * esize);
-      const std::string err = RingAllreduce(comm, o, len, dtype, flags, s, name);
+      const std::string err = P2pAllreduce(comm, o, len, dtype, flags, s, name);
       if (!err.empty()) return err;
       continue;
     }

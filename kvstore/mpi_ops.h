@@ -39,13 +39,13 @@ struct Scratch {
 // How a lane moves large arrays (the policy is the Python side's).
 struct Transfer {
   int64_t chunk_bytes = 1 << 20;  // one chunk after another, at most this big
-  // Allreduce chunks of at least this many bytes go around our own ring
-  // (point-to-point, waits that sleep) instead of MPI_Allreduce; 0: never.
-  int64_t ring_bytes = 0;
+  // Allreduce chunks of at least this many bytes take our allreduce over
+  // point-to-point messages (waits that sleep) instead of MPI_Allreduce; 0: never.
+  int64_t p2p_bytes = 0;
 };
 
 // Runs the data phase of `u` over `comm`; "" or an error. Large arrays move in
-// chunks (blocking calls, or the ring, one chunk after another).
+// chunks (blocking calls, or point-to-point, one chunk after another).
 std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* scratch, const Transfer& t);
 
 // Waits for `n` non-blocking requests without holding a core: tests, then

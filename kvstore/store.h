@@ -34,7 +34,7 @@ struct StoreOptions {
   int64_t fusion_bytes = 1 << 20;   // fuse allreduces up to this many bytes
   int64_t small_bytes = 64 << 10;   // concurrent: arrays up to this go to the small lane
   int64_t chunk_bytes = 1 << 20;    // large arrays move in chunks of this size
-  int64_t ring_bytes = 0;           // allreduce chunks this big take our ring (0: never)
+  int64_t p2p_bytes = 0;           // allreduce chunks this big take our point-to-point allreduce (0: never)
   int large_lanes = 1;              // concurrent: lanes for large arrays
   int cycle_us = 200;               // funneled: pause after a cycle that agreed on nothing
 };

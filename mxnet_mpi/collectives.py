@@ -121,7 +121,7 @@ class Stream:
     run in push order (see kvstore/store.h for the three kinds)."""
 
     def __init__(self, kind: int, comm: Communicator, name: str, *, fusion_bytes: int = 1 << 20,
-                 small_bytes: int = 64 << 10, chunk_bytes: int = 16 << 20, ring_bytes: int = 0,
+                 small_bytes: int = 64 << 10, chunk_bytes: int = 16 << 20, p2p_bytes: int = 0,
                  large_lanes: int = 1, cycle_us: int = 200, store_id: int | None = None) -> None:
         require_usable()
         self.comm = comm
@@ -135,7 +135,7 @@ class Stream:
             return
         out = ctypes.c_int()
         _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), fusion_bytes,
-                                             small_bytes, chunk_bytes, ring_bytes, large_lanes,
+                                             small_bytes, chunk_bytes, p2p_bytes, large_lanes,
                                              cycle_us,
                                              ctypes.byref(out)))
         self.id = out.value

@@ -44,15 +44,20 @@ STREAM_SETTINGS = {
     "MXNET_MPI_LARGE_LANES": 1,          # concurrent: lanes (threads) for large arrays
     "MXNET_MPI_CYCLE_US": 200,           # funneled: pause after a cycle agreeing on nothing
 }
-# Allreduce chunks of at least this many bytes go around the store's own ring
-# (point-to-point messages, waits that sleep) when its communicator spans
-# hosts: Open MPI's blocking collectives poll while the network works, taking
-# the core that backprop needs (half a core per rank at 1 Gbit/s), and its
-# non-blocking ones ran at 2x the wire time. On one host (shared memory) MPI's
-# own allreduce is faster. MXNET_MPI_RING_BYTES sets the threshold anywhere
-# (0: never).
-RING_VAR = "MXNET_MPI_RING_BYTES"
-RING_BYTES = 256 << 10
+# Allreduce chunks of at least this many bytes take the store's own allreduce
+# over point-to-point messages (reduce-scatter to block owners, then allgather;
+# waits that sleep) when its communicator spans hosts: Open MPI's blocking
+# collectives poll while the network works, taking the core that backprop
+# needs (0.3-0.7 of a core per rank at 0.3-1.2 Gbit/s), and its non-blocking
+# ones ran at 2x the wire time. On one host (shared memory) MPI's own
+# allreduce is faster. Every allreduce takes it (threshold 1 byte), not only
+# large ones: it reduces each element in rank order whatever the buffer's size
+# and layout, while MPI_Allreduce's order depends on the size (its algorithm),
+# and fusion groups arrays by timing; mixing the two would make sums over 3 or
+# more ranks differ (in the last bit) from run to run. MXNET_MPI_P2P_BYTES sets
+# the threshold anywhere (0: never).
+P2P_VAR = "MXNET_MPI_P2P_BYTES"
+P2P_BYTES = 1
 
 _KINDS = {"chained": _native.EXEC_CHAINED, "funneled": _native.EXEC_FUNNELED,
           "concurrent": _native.EXEC_CONCURRENT}
@@ -95,12 +100,12 @@ def spans_hosts(comm: Communicator) -> bool:
     return comm.id == w.id or comm.size > local_size()
 
 
-def ring_bytes(comm: Communicator) -> int:
-    """The ring threshold for a store over `comm`: $MXNET_MPI_RING_BYTES, else
-    RING_BYTES across hosts and 0 (never) on one host."""
-    if RING_VAR in os.environ:
-        return int(env_number(RING_VAR, 0, int))
-    return RING_BYTES if spans_hosts(comm) else 0
+def p2p_bytes(comm: Communicator) -> int:
+    """The point-to-point threshold for a store over `comm`: $MXNET_MPI_P2P_BYTES, else
+    P2P_BYTES across hosts and 0 (never) on one host."""
+    if P2P_VAR in os.environ:
+        return int(env_number(P2P_VAR, 0, int))
+    return P2P_BYTES if spans_hosts(comm) else 0
 
 
 def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
@@ -110,4 +115,4 @@ def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
         raise MPIKVStoreError(
             "mode '%s' needs MPI_THREAD_MULTIPLE but this MPI provides thread level %d; use "
             "mode 'chained' (MXNET_MPI_MODE)" % (mode, thread_level()))
-    return Stream(_KINDS[mode], comm, name, ring_bytes=ring_bytes(comm), **stream_options())
+    return Stream(_KINDS[mode], comm, name, p2p_bytes=p2p_bytes(comm), **stream_options())
