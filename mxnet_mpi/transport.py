@@ -26,7 +26,7 @@ DEFAULTS = {
 # Not set: OMPI_MCA_mpi_yield_when_idle=1. It also brings that allreduce to
 # 1.1x, and rescues two polling ranks bound to one core, but a rank whose core
 # also computes (training) then hands the core over at every idle poll: an
-# MPI round trip took 4.5-7 ms instead of 15-21 us. The stores' own waits sleep.
+# MPI round trip took 4-7 ms instead of 15-30 us. The stores' own waits sleep.
 OFF_VAR = "MXNET_MPI_TRANSPORT_DEFAULTS"
 _OFF = ("0", "false", "no", "off")
 
