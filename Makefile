@@ -21,10 +21,11 @@ endif
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
 
-# Two tests at a time: most of a test's time is MXNet's import (about 1.8 s of
-# CPU per process) and waiting on timeouts, so two workers fill two cores.
+# Two workers fill two cores: most of a test's time is MXNet's import (about 2 s
+# of CPU per process) and waiting on timeouts. A file stays on one worker, so
+# its shared results are made once; tests/conftest.py starts the longest first.
 test: build
-	$(PY) -m pytest tests -q -n 2
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder
 
 build: $(VENV)/.built
 
@@ -53,6 +54,8 @@ clean:
 
 # Benchmarks (tables on stdout; CSV + PNG in benchmarks/results/). Extra options:
 # make bench-allreduce BENCH_ARGS=--quick. Horovod rows need benchmarks/setup_horovod.sh.
+# Each CSV gets a note beside it (machine, date, load, command, commit);
+# BENCH_NOTE='machine shared with ...' adds to it. Then `make report`.
 bench-allreduce: build
 	$(PY) benchmarks/allreduce.py --np $(NP) $(BENCH_ARGS)
 
@@ -65,7 +68,15 @@ bench-overlap: build
 bench-overhead: build
 	$(PY) benchmarks/overhead.py --np $(NP) $(BENCH_ARGS)
 
-# GPU check (README "GPU path"): prepare the parts here, run the check on a GPU machine.
+# docs/benchmarks.md (and the generated blocks of other docs pages) from benchmarks/results/.
+# Standard library only: needs no build.
+.PHONY: report
+report:
+	$(or $(wildcard $(PY)),$(PYTHON)) benchmarks/report.py
+
+# GPU check (docs/gpu.md): prepare the parts here, run the check on a GPU machine.
+GPU_STAGE ?= .gpu
+GPU_RESULTS ?= gpu-results
 gpu-prepare: build
 	tools/gpu_prepare.sh .gpu
 

@@ -44,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 from mxnet_mpi.launch import parameter_server
 
 HERE = Path(__file__).resolve().parent
@@ -312,6 +314,7 @@ def write_outputs(rows: list, outdir: Path, meta: dict, args) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    write_meta(outdir / "allreduce.csv", quick=args.quick)
     fmt = "%-9s %-15s %12s %11s %10s %11s"
     print("\nallreduce of float32, %d ranks on %d cores%s; time per collective on rank 0"
           % (meta["ranks"], os.cpu_count() or 0,

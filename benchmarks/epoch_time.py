@@ -33,6 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 from mxnet_mpi.launch import parameter_server
 
 HERE = Path(__file__).resolve().parent
@@ -149,6 +151,7 @@ def write_outputs(rows: list, outdir: Path, args, cores: int) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    write_meta(outdir / "epoch_time.csv")
     print("\n%s, %dx%d synthetic images, batch %d per rank, %d steps (first %d untimed), "
           "OMP_NUM_THREADS=%d, %d cores%s"
           % (args.model, args.image_size, args.image_size, args.batch, args.steps,

@@ -1,4 +1,4 @@
-"""Time from a fault to a named error: the figures of README's "When things go wrong".
+"""Time from a fault to a named error: the figures of docs/faults.md.
 
     .venv/bin/python benchmarks/faults.py [--mode concurrent] [--outdir DIR]
 
@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from meta import write_meta  # benchmarks/, the script's folder
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -145,6 +147,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    write_meta(out / "faults.csv")
     print("\nwrote %s (stall settings: warn %s s, abort %s s)"
           % (out / "faults.csv", FAST["MXNET_MPI_STALL_WARN_S"], FAST["MXNET_MPI_STALL_ABORT_S"]))
 

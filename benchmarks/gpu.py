@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
@@ -180,6 +182,7 @@ def main() -> None:
                                           "gpu_one_chunk", "copies_only", "note"])
         w.writeheader()
         w.writerows(rows)
+    write_meta(out / "gpu.csv", quick=args.quick)
     print("wrote", out / "gpu.csv")
 
 

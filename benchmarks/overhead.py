@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODES = ("chained", "funneled", "concurrent")
@@ -263,14 +265,14 @@ def worker_fusion(args) -> dict:
     times = []
     trainer.allreduce_grads()
     mx.nd.waitall()
-    issued0 = trainer._kvstore._stream.info()[0]
+    issued0 = trainer._kvstore.stream.info()[0]
     for _ in range(reps):
         comm.Barrier()
         t = time.perf_counter()
         trainer.allreduce_grads()
         mx.nd.waitall()
         times.append(time.perf_counter() - t)
-    calls = (trainer._kvstore._stream.info()[0] - issued0) // reps
+    calls = (trainer._kvstore.stream.info()[0] - issued0) // reps
     mxnet_mpi.finalize()
     return {"step_comm_ms": _median(times) * 1e3, "collectives": calls}
 
@@ -423,6 +425,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=["part", "bytes", "what", "value", "unit"])
         w.writeheader()
         w.writerows(rows)
+    write_meta(outdir / "overhead.csv", quick=args.quick)
     plot(rows, outdir / "overhead.png")
     print("\nwrote %s and %s" % (outdir / "overhead.csv", outdir / "overhead.png"))
 

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from meta import write_meta  # benchmarks/, the script's folder
+
 HERE = Path(__file__).resolve().parent
 MODES = ("chained", "funneled", "concurrent")
 TRANSPORTS = {"shm": [], "tcp": ["--mca", "btl", "tcp,self"]}
@@ -223,6 +225,7 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    write_meta(outdir / "overlap.csv")
     print("\n%s, %d ranks, batch %d/rank, %dx%d images, %.1f MB of gradients"
           % (args.model, args.np, args.batch, args.image_size, args.image_size,
              rows[0]["grad_MB"]))

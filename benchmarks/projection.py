@@ -31,6 +31,8 @@ import csv
 import math
 from pathlib import Path
 
+from meta import describe, write_meta  # benchmarks/, the script's folder
+
 HERE = Path(__file__).resolve().parent
 IMAGENET_TRAIN = 1_281_167
 RESNET50_PARAMS = 25_557_032
@@ -169,6 +171,9 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=list(out[0]))
         w.writeheader()
         w.writerows(out)
+    write_meta(outdir / "projection.csv", input=describe(args.csv),
+               inputs={k: v for k, v in vars(args).items() if k not in ("csv", "outdir")},
+               fit={"a_ms": round(a * 1e3, 1), "e": round(e, 3), "tau": round(tau, 3)})
     plot(out, outdir, args)
     print("\nwrote %s and %s" % (outdir / "projection.csv", outdir / "projection.png"))
 

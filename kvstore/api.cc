@@ -33,7 +33,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 
 namespace mxnet_mpi {
 namespace {
@@ -82,6 +82,19 @@ int AddComm(MPI_Comm comm) {
 // Creates a store on the owner thread; collective over `comm`. Members agree
 // on its id (the largest next id among them), so ids mean the same store on
 // every member even if ranks created other stores in between.
+// Store settings as Python passes them (settings.py), clamped to what works.
+StoreOptions MakeOptions(int64_t fusion_bytes, int64_t small_bytes, int64_t chunk_bytes,
+                         int64_t p2p_bytes, int large_lanes, int cycle_us) {
+  StoreOptions o;
+  o.fusion_bytes = std::max<int64_t>(0, fusion_bytes);
+  o.small_bytes = std::max<int64_t>(0, small_bytes);
+  o.chunk_bytes = std::max<int64_t>(4096, chunk_bytes);
+  o.p2p_bytes = std::max<int64_t>(0, p2p_bytes);
+  o.large_lanes = std::max(1, large_lanes);
+  o.cycle_us = std::max(0, cycle_us);
+  return o;
+}
+
 int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
                 const StoreOptions& options, std::string* err) {
   int id = -1;
@@ -232,9 +245,11 @@ MXMPI_API const char* mxmpi_mpi_library() {
 }
 
 // Starts the owner thread, which initialises MPI unless someone (mpi4py) did,
-// then the heartbeat thread and the default store (id 0) of the free functions.
-MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size, int* local_rank,
-                         int* local_size) {
+// then the heartbeat thread and the default store (id 0) of the free functions,
+// with the store settings given (as mxmpi_store_create takes them).
+MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes,
+                         int64_t chunk_bytes, int large_lanes, int cycle_us, int* provided,
+                         int* rank, int* size, int* local_rank, int* local_size) {
   if (g_forked) return Fail(kForked);
   if (g_owner.running()) return Fail("mxnet_mpi: already initialised");
   if (g_finalized) return Fail("mxnet_mpi: MPI was finalised; it cannot start again");
@@ -286,7 +301,8 @@ MXMPI_API int mxmpi_init(int required, int* provided, int* rank, int* size, int*
   g_pid = getpid();
   g_world_rank = *rank;
   on_exit(&OnExit, nullptr);
-  CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)", StoreOptions(),
+  CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)",
+              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, 0, large_lanes, cycle_us),
               &err);
   return err.empty() ? 0 : Fail(err);
 }
@@ -385,13 +401,8 @@ MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t f
   if (kind < 0 || kind > 2) return Fail("mxnet_mpi: unknown store kind " + std::to_string(kind));
   MPI_Comm c = CommById(comm);
   if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
-  StoreOptions o;
-  o.fusion_bytes = std::max<int64_t>(0, fusion_bytes);
-  o.small_bytes = std::max<int64_t>(0, small_bytes);
-  o.chunk_bytes = std::max<int64_t>(4096, chunk_bytes);
-  o.p2p_bytes = std::max<int64_t>(0, p2p_bytes);
-  o.large_lanes = std::max(1, large_lanes);
-  o.cycle_us = std::max(0, cycle_us);
+  const StoreOptions o = MakeOptions(fusion_bytes, small_bytes, chunk_bytes, p2p_bytes,
+                                     large_lanes, cycle_us);
   std::string err;
   *out = CreateStore(static_cast<ExecKind>(kind), c, name ? name : "mpi", o, &err);
   return err.empty() ? 0 : Fail(err);
@@ -420,6 +431,21 @@ MXMPI_API int mxmpi_store_close(int store) {
   if (g_forked || !g_owner.running()) return 0;
   auto s = StoreById(store);
   if (s) s->Close();
+  return 0;
+}
+
+// The settings a store runs with (after clamping).
+MXMPI_API int mxmpi_store_options(int store, int64_t* fusion_bytes, int64_t* small_bytes,
+                                  int64_t* chunk_bytes, int* large_lanes, int* cycle_us) {
+  MXMPI_GUARD();
+  auto s = StoreById(store);
+  if (!s) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
+  const StoreOptions& o = s->options();
+  *fusion_bytes = o.fusion_bytes;
+  *small_bytes = o.small_bytes;
+  *chunk_bytes = o.chunk_bytes;
+  *large_lanes = o.large_lanes;
+  *cycle_us = o.cycle_us;
   return 0;
 }
 

@@ -30,13 +30,14 @@ namespace mxnet_mpi {
 
 enum class ExecKind : int { kChained = 0, kFunneled = 1, kConcurrent = 2 };
 
+// Every value comes from Python (mxnet_mpi/settings.py holds the defaults).
 struct StoreOptions {
-  int64_t fusion_bytes = 1 << 20;   // fuse allreduces up to this many bytes
-  int64_t small_bytes = 64 << 10;   // concurrent: arrays up to this go to the small lane
-  int64_t chunk_bytes = 1 << 20;    // large arrays move in chunks of this size
-  int64_t p2p_bytes = 0;           // allreduce chunks this big take our point-to-point allreduce (0: never)
-  int large_lanes = 1;              // concurrent: lanes for large arrays
-  int cycle_us = 200;               // funneled: pause after a cycle that agreed on nothing
+  int64_t fusion_bytes = 0;   // fuse allreduces up to this many bytes
+  int64_t small_bytes = 0;    // concurrent: arrays up to this go to the small lane
+  int64_t chunk_bytes = 0;    // large arrays move in chunks of this size
+  int64_t p2p_bytes = 0;      // allreduce chunks this big take our point-to-point allreduce
+  int large_lanes = 1;        // concurrent: lanes for large arrays
+  int cycle_us = 0;           // funneled: pause after a cycle that agreed on nothing
 };
 
 class Store {
@@ -47,6 +48,7 @@ class Store {
   ~Store();
 
   int id() const { return id_; }
+  const StoreOptions& options() const { return options_; }
   ExecKind kind() const { return kind_; }
   const std::string& name() const { return name_; }
   MPI_Comm comm() const { return comm_; }

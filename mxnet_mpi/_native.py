@@ -18,8 +18,10 @@ import os
 import mxnet  # (libmxnet.so must be loaded before our library, which needs it by soname)
 from mxnet.base import NDArrayHandle
 
+from . import settings
+
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -141,7 +143,7 @@ def _load_mpi() -> str:
     """Load the MPI library ours links to, globally (Open MPI's plugins resolve
     its symbols through the global scope), before ours: the dynamic loader then
     takes it for our library's libmpi.so.40. Returns where it came from."""
-    chosen = os.environ.get("MXNET_MPI_LIBMPI", "").strip()
+    chosen = settings.get("MXNET_MPI_LIBMPI")
     if chosen:
         try:
             ctypes.CDLL(chosen, mode=ctypes.RTLD_GLOBAL)
@@ -216,7 +218,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_last_error.restype = ctypes.c_char_p
     i, d, i64 = ctypes.c_int, ctypes.c_double, ctypes.c_int64
     pi, pi64 = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64)
-    lib.mxmpi_init.argtypes = [i, pi, pi, pi, pi, pi]
+    lib.mxmpi_init.argtypes = [i, i64, i64, i64, i, i, pi, pi, pi, pi, pi]
     lib.mxmpi_announce_finish.argtypes = []
     lib.mxmpi_finalize.argtypes = []
     lib.mxmpi_python_exit.argtypes = []
@@ -231,6 +233,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_store_join.argtypes = [i]
     lib.mxmpi_store_close.argtypes = [i]
     lib.mxmpi_store_info.argtypes = [i, pi64, pi64, pi64]
+    lib.mxmpi_store_options.argtypes = [i, pi64, pi64, pi64, pi, pi]
     lib.mxmpi_server_wait.argtypes = [NDArrayHandle, ctypes.c_char_p, i, pi64]
     lib.mxmpi_hold_write.argtypes = [NDArrayHandle, ctypes.c_char_p, pi64]
     lib.mxmpi_release_write.argtypes = [i64, NDArrayHandle]

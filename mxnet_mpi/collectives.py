@@ -24,7 +24,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import NDArrayHandle
 
-from . import _native
+from . import _native, settings
 from ._native import LIB, CallDesc
 from .errors import MPIKVStoreError
 from .world import Communicator, init, require_usable
@@ -120,9 +120,10 @@ class Stream:
     """A native store: collectives over a private duplicate of a communicator,
     run in push order (see kvstore/store.h for the three kinds)."""
 
-    def __init__(self, kind: int, comm: Communicator, name: str, *, fusion_bytes: int = 1 << 20,
-                 small_bytes: int = 64 << 10, chunk_bytes: int = 16 << 20, p2p_bytes: int = 0,
-                 large_lanes: int = 1, cycle_us: int = 200, store_id: int | None = None) -> None:
+    def __init__(self, kind: int, comm: Communicator, name: str, *,
+                 store_id: int | None = None, **options: int) -> None:
+        """`options`: settings.store_options() keywords; the rest come from the
+        settings table (store 0, `store_id`, was created with them at init)."""
         require_usable()
         self.comm = comm
         self.name = name
@@ -134,9 +135,11 @@ class Stream:
             self.id = store_id
             return
         out = ctypes.c_int()
-        _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), fusion_bytes,
-                                             small_bytes, chunk_bytes, p2p_bytes, large_lanes,
-                                             cycle_us,
+        opts = {**settings.store_options(), **options}
+        _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
+                                             opts["small_bytes"], opts["chunk_bytes"],
+                                             opts.get("p2p_bytes", 0), opts["large_lanes"],
+                                             opts["cycle_us"],
                                              ctypes.byref(out)))
         self.id = out.value
         self._closed = False
@@ -170,6 +173,13 @@ class Stream:
         vals = [ctypes.c_int64() for _ in range(3)]
         _native.check(LIB.mxmpi_store_info(self.id, *[ctypes.byref(v) for v in vals]))
         return tuple(v.value for v in vals)
+
+    def options(self) -> dict:
+        """The settings the native store runs with (settings.store_options keys)."""
+        vals = [ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(),
+                ctypes.c_int()]
+        _native.check(LIB.mxmpi_store_options(self.id, *[ctypes.byref(v) for v in vals]))
+        return dict(zip(settings.STORE_OPTIONS, (v.value for v in vals)))
 
     def close(self) -> None:
         """No more collectives; threads and communicators go once nothing is pending."""

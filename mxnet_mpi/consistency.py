@@ -19,16 +19,14 @@ call :func:`check_consistency` yourself.
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 
 import mxnet as mx
 import numpy as np
 
-from . import _native
+from . import _native, settings
 from .errors import MPIKVStoreError
 from .joining import broadcast_from
-from .settings import env_number
 
 EVERY_ENV = "MXNET_MPI_CONSISTENCY_EVERY"
 ACTION_ENV = "MXNET_MPI_CONSISTENCY_ACTION"
@@ -37,15 +35,11 @@ ACTIONS = ("warn", "broadcast", "raise")
 
 def every() -> int:
     """The check period from the environment (0: off)."""
-    return int(env_number(EVERY_ENV, 0, int))
+    return settings.get(EVERY_ENV)
 
 
 def default_action() -> str:
-    action = os.environ.get(ACTION_ENV, "warn").strip().lower()
-    if action not in ACTIONS:
-        raise MPIKVStoreError("%s must be one of %s, got %r"
-                              % (ACTION_ENV, ", ".join(ACTIONS), action))
-    return action
+    return settings.get(ACTION_ENV)
 
 
 def _digest(arr: mx.nd.NDArray) -> int:
@@ -84,7 +78,7 @@ def _store_of(target, store):
     if store is not None:
         return store
     kv = getattr(target, "_kvstore", None)
-    if kv is None or not hasattr(kv, "_internal"):
+    if kv is None or not hasattr(kv, "internal_collective"):
         raise MPIKVStoreError("check_consistency needs an mxnet_mpi store: pass store=, or a "
                               "Trainer whose kvstore is one (after its first step)")
     return kv
@@ -93,11 +87,11 @@ def _store_of(target, store):
 def hashes_per_rank(kv, hashes: np.ndarray) -> np.ndarray:
     """[ranks x parameters] table of every rank's hashes (one allreduce of a table
     that is zero except for this rank's row: exact in int64)."""
-    comm = kv._comm
+    comm = kv.comm
     table = np.zeros((comm.size, hashes.size), dtype=np.int64)
     table[comm.rank] = hashes
     arr = mx.nd.array(table, dtype="int64")
-    kv._internal(_native.ALLREDUCE, arr, "consistency check: parameter hashes")
+    kv.internal_collective(_native.ALLREDUCE, arr, "consistency check: parameter hashes")
     return arr.asnumpy()
 
 

@@ -21,7 +21,7 @@ from .errors import MPIKVStoreError
 
 
 def _internal(store, op: int, arr, desc: str, root: int = 0) -> None:
-    store._internal(op, arr, desc, root)
+    store.internal_collective(op, arr, desc, root)
 
 
 def issued_per_rank(store, issued: int) -> np.ndarray:
@@ -105,8 +105,8 @@ def broadcast_states(store, root: int, updater) -> None:
 
 def join_store(store, params=None, updater=None) -> int:
     """See MPIKVStore.join."""
-    issued = store._stream.info()[0]
-    store._stream.join()
+    issued = store.stream.info()[0]
+    store.stream.join()
     counts = issued_per_rank(store, issued)
     root = int(np.argmax(counts))  # the latest state; the lowest such rank
     if counts.min() != counts.max():  # some rank skipped updates: copy the latest
@@ -126,6 +126,11 @@ def register(store) -> None:
     _stores.add(store)
 
 
+def open_stores() -> list:
+    """Every store of this process that is still open."""
+    return [s for s in list(_stores) if not s.closed]
+
+
 def join(target=None) -> int:
     """This rank has run out of data (uneven shards): call join() and it keeps
     taking part in what the other ranks still run, until all have joined.
@@ -143,7 +148,7 @@ def join(target=None) -> int:
         return store.join(params=target._params, updater=target)
     if target is not None:
         return target.join()
-    stores = [s for s in list(_stores) if not s._closed and s.supports_join]
+    stores = [s for s in open_stores() if s.supports_join]
     if len(stores) == 1:
         return stores[0].join()
     # Several stores: join them at once, or a peer still using one would wait

@@ -1,5 +1,6 @@
-"""What a store knows about its keys: the layout each was first used with and
-its descriptions (computed once), the parameter each serves (learnt from a
+"""How a store reads the (key, value, out) arguments of its calls, and what it
+knows about its keys: the layout each was first used with and its
+descriptions (computed once), the parameter each serves (learnt from a
 Trainer or a Module, for messages), and how a failed call still takes its
 place in the sequence (as a token)."""
 
@@ -21,6 +22,43 @@ def check_key(key) -> None:
     if not isinstance(key, (int, str)) or isinstance(key, bool):
         raise MPIKVStoreError("kvstore keys must be int or str, got %r of type %s"
                               % (key, type(key).__name__))
+
+
+def as_list(x) -> list:
+    """`x` as a list (a list or tuple as is, anything else as its one item)."""
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def key_groups(key, value, out) -> list:
+    """Normalise (key, value, out) into [(key, [values], [outs] or None)]."""
+    if isinstance(key, (list, tuple)):
+        values = as_list(value)
+        outs = as_list(out) if out is not None else [None] * len(key)
+        if len(values) != len(key) or len(outs) != len(key):
+            raise MPIKVStoreError("got %d keys but %d values and %d outs"
+                                  % (len(key), len(values), len(outs)))
+        return [(k, as_list(v), None if o is None else as_list(o))
+                for k, v, o in zip(key, values, outs)]
+    return [(key, as_list(value), None if out is None else as_list(out))]
+
+
+def broadcast_groups(key, value, out) -> list:
+    """key_groups() for broadcast: every key needs `out` and exactly one value."""
+    groups = key_groups(key, value, out)
+    for k, values, outs in groups:
+        if outs is None:
+            raise MPIKVStoreError("broadcast needs `out` for key %r" % (k,))
+        if len(values) != 1:
+            raise MPIKVStoreError("broadcast takes one value per key, got %d for key %r"
+                                  % (len(values), k))
+    return groups
+
+
+def check_optimizer(optimizer) -> None:
+    """Raise MPIKVStoreError unless `optimizer` is an mx.optimizer.Optimizer."""
+    if not isinstance(optimizer, mx.optimizer.Optimizer):
+        raise MPIKVStoreError("set_optimizer expects an mx.optimizer.Optimizer, got %s"
+                              % type(optimizer).__name__)
 
 
 class KeyInfo:

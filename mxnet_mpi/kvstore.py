@@ -10,30 +10,26 @@ Horovod, whose allreduce averages, set ``kv.average = True`` (or
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
-import os
 import pickle
-from typing import Sequence
 
 import mxnet as mx
-import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, modes, staging
+from . import _native, modes, settings, staging
 from .batch_sizes import BatchSizes
 from .collectives import (
-    FLOAT_DTYPES,
-    Call,
+    Stream,
     check_array,
     check_same_layout,
     on_host,
-    token_call,
 )
 from .errors import MPIKVStoreError
 from .joining import join_store, register
-from .keys import Key, KeyBook, check_key
+from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
+from .store_calls import SPARSE_HINT, StoreCalls
+from .store_glue import FrameworkGlue
 from .trainer_plan import TrainerPlan
 from .world import Communicator, require_usable
 from .world import init as init_world
@@ -41,81 +37,10 @@ from .world import init as init_world
 log = logging.getLogger("mxnet_mpi")
 _announced = False
 
-SPARSE_HINT = ("; use MXNet's kvstore='dist_sync' (parameter server) for row_sparse "
-               "gradients or weights")
-AVERAGE_ENV = "MXNET_MPI_AVERAGE"
 COMPRESSIONS = ("none", "fp16")
 
 
-def _as_list(x) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _group(key, value, out) -> list:
-    """Normalise (key, value, out) into [(key, [values], [outs] or None)]."""
-    if isinstance(key, (list, tuple)):
-        values = _as_list(value)
-        outs = _as_list(out) if out is not None else [None] * len(key)
-        if len(values) != len(key) or len(outs) != len(key):
-            raise MPIKVStoreError("got %d keys but %d values and %d outs"
-                                  % (len(key), len(values), len(outs)))
-        return [(k, _as_list(v), None if o is None else _as_list(o))
-                for k, v, o in zip(key, values, outs)]
-    return [(key, _as_list(value), None if out is None else _as_list(out))]
-
-
-def _legacy_view(arr):
-    """A legacy NDArray view sharing `arr`'s memory, 1-d if `arr` is 0-d: our
-    copies and sums use legacy operators, which reject mx.np arrays and 0-d
-    shapes (legacy reshape is a view; mx.np's reshape would copy)."""
-    legacy = arr.as_nd_ndarray() if isinstance(arr, mx.np.ndarray) else arr
-    return legacy.reshape((legacy.size,)) if legacy.ndim == 0 else legacy
-
-
-def _broadcast_groups(key, value, out) -> list:
-    """_group() for broadcast: every key needs `out` and exactly one value."""
-    groups = _group(key, value, out)
-    for k, values, outs in groups:
-        if outs is None:
-            raise MPIKVStoreError("broadcast needs `out` for key %r" % (k,))
-        if len(values) != 1:
-            raise MPIKVStoreError("broadcast takes one value per key, got %d for key %r"
-                                  % (len(values), k))
-    return groups
-
-
-def _check_optimizer(optimizer) -> None:
-    if not isinstance(optimizer, mx.optimizer.Optimizer):
-        raise MPIKVStoreError("set_optimizer expects an mx.optimizer.Optimizer, got %s"
-                              % type(optimizer).__name__)
-
-
-def on_deferred_init(param, fn) -> None:
-    """Call fn(arrays) once the deferred-init Gluon `param` gets its arrays
-    (during the first forward, before any op reads them)."""
-    init_impl = param._init_impl
-
-    def hooked(data, ctx_list):
-        init_impl(data, ctx_list)
-        del param._init_impl  # back to the class method
-        fn(param._check_and_get(param._data, list))
-
-    param._init_impl = hooked
-
-
-class _Item:
-    """One key of a call: engine ops before the collective(s), the collective(s)
-    (several for a staged array split in chunks), engine ops after them
-    (fan-out to several outputs, copies back)."""
-
-    __slots__ = ("calls", "post")
-
-    def __init__(self, calls: list, post=None) -> None:
-        self.calls = calls
-        self.post = post
-
-
-class MPIKVStore(KVStoreBase):
+class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
     """Data-parallel KVStore over MPI whose collectives are nodes of MXNet's engine.
 
     Created by ``mx.kv.create('mpi')`` (default mode, or $MXNET_MPI_MODE) or
@@ -144,8 +69,8 @@ class MPIKVStore(KVStoreBase):
         self._updater = None
         self._optimizer = None
         self._compression = "none"
-        self._average = (os.environ.get(AVERAGE_ENV, "0").strip() not in ("", "0")
-                         if average is None else bool(average))
+        self._average = bool(settings.get("MXNET_MPI_AVERAGE") if average is None
+                             else average)
         self._plan = TrainerPlan(self)
         # pushpull of one key with the same arrays again: key -> (value, out,
         # priority, pointer to its prebuilt call, the call)
@@ -194,6 +119,22 @@ class MPIKVStore(KVStoreBase):
         return "mpi_" + self._mode
 
     @property
+    def comm(self) -> Communicator:
+        """The communicator the store reduces over (its stream has a private
+        duplicate of it)."""
+        return self._comm
+
+    @property
+    def stream(self) -> Stream:
+        """The store's native stream (collectives.Stream)."""
+        return self._stream
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._closed
+
+    @property
     def mode(self) -> str:
         """The embedding mode in use: 'chained', 'funneled' or 'concurrent'."""
         return self._mode
@@ -235,145 +176,12 @@ class MPIKVStore(KVStoreBase):
         raise MPIKVStoreError("unknown capability %r" % (capability,))
 
     # ------------------------------------------------------------ building calls
-    def _flags(self, dtype) -> int:
-        dtype = np.dtype(dtype)
-        flags = 0
-        if self._average and dtype in FLOAT_DTYPES:
-            flags |= _native.FLAG_AVERAGE
-        if self._compression == "fp16" and dtype in (np.dtype(np.float32), np.dtype(np.float64)):
-            flags |= _native.FLAG_COMPRESS_FP16
-        return flags
 
-    def _checked(self, key: Key, values: list, outs: list | None, verb: str):
-        """Validate one key's arrays; its layout (recorded at first use)."""
-        check_key(key)
-        if not values:
-            raise MPIKVStoreError("no value given for key %r" % (key,))
-        what = self._keys.what(key)
-        for i, v in enumerate(values):
-            check_array(v, "value %d of %s" % (i, what), SPARSE_HINT)
-            check_same_layout(values[0], v, "value %d of %s" % (i, what))
-        for i, o in enumerate(outs or []):
-            check_array(o, "out %d of %s" % (i, what), SPARSE_HINT)
-            check_same_layout(values[0], o, "out %d of %s" % (i, what))
-        return self._keys.layout(key, values[0])
-
-    def _local_sum(self, key: Key, values: list):
-        """One array holding the sum over this rank's devices (engine ops)."""
-        if len(values) == 1 or values[0].size == 0:
-            return values[0]
-        first = values[0]
-        buf = self._merge.get(key)
-        if buf is None or buf.context != first.context:
-            buf = self._merge[key] = mx.nd.empty(first.shape, ctx=first.context,
-                                                 dtype=first.dtype)
-        legacy = [_legacy_view(v).as_in_context(first.context) for v in values]
-        mx.nd.add_n(*legacy, out=_legacy_view(buf))
-        return buf
-
-    @staticmethod
-    def _fan_out(src, outs: list) -> None:
-        if src.size == 0:  # nothing to copy; legacy MXNet rejects empty copies
-            return
-        for o in outs:
-            if o is not src:
-                _legacy_view(src).copyto(_legacy_view(o))
-
-    def _item(self, op: int, verb: str, key: Key, src, dst, targets: list, priority: int,
-              flags: int = 0, root: int = 0) -> _Item:
-        """The collective of `op` from `src` into `dst`, then copies into `targets`;
-        device arrays go through this key's pinned buffers, in chunks (staging.py)."""
-        info = self._keys.get(key)
-        name = self._keys.name(key)
-        post_copies = [t for t in targets if t is not dst]
-        if not staging.needs_staging(src, dst):
-            call = Call(op, [src], [dst], dtype=info.dtype, shapes=[info.shape],
-                        desc=info.desc(verb), label="key %r" % (key,), root=root,
-                        priority=priority, flags=flags, name=name)
-            post = (lambda: self._fan_out(dst, post_copies)) if post_copies else None
-            return _Item([call], post)
-        chunks = self._staging.chunks((key, verb), info.shape, info.dtype)
-        staging.copy_out(src, chunks)
-        k = len(chunks)
-        calls = [Call(op, [c.buf], [c.buf], dtype=info.dtype, shapes=[c.buf.shape],
-                      desc=info.desc(verb) + (" chunk %d/%d" % (i + 1, k) if k > 1 else ""),
-                      label="key %r" % (key,), root=root, priority=priority, flags=flags,
-                      name=name)
-                 for i, c in enumerate(chunks)]
-
-        def post():
-            staging.copy_back(chunks, dst)
-            self._fan_out(dst, post_copies)
-
-        return _Item(calls, post)
-
-    def _tokens(self, op: int, verb: str, key: Key, value, reason: str) -> list:
-        """Failure tokens taking the place of the collective(s) `key` would have
-        been: one per chunk, described as its peers describe them, when staged."""
-        token = self._keys.token(op, verb, key, value, reason)
-        if not (isinstance(value, mx.nd.NDArray) and staging.needs_staging(value)):
-            return [token]
-        try:
-            info = self._keys.get(key)
-        except TypeError:   # an unhashable key: the reason this call failed
-            info = None
-        shape, dtype = (info.shape, info.dtype) if info is not None else \
-            (value.shape, value.dtype)
-        sizes = staging.chunk_sizes(shape, dtype)
-        if len(sizes) == 1:
-            return [token]
-        desc = info.desc(verb) if info is not None else "%s key=%r shape=%s %s" % (
-            verb, key, tuple(shape), np.dtype(dtype))
-        return [token_call(op, dtype, [(n,)], "%s chunk %d/%d" % (desc, i + 1, len(sizes)),
-                           "key %r" % (key,), reason, self._keys.name(key))
-                for i, n in enumerate(sizes)]
-
-    def _run(self, groups: list, build, op: int, verb: str) -> None:
-        """Build one item per (key, values, outs) group and push them all as one
-        batch; a group that fails still takes its place (a token), and the first
-        failure is raised once the batch is pushed."""
-        self._usable()
-        items, error = [], None
-        for k, values, outs in groups:
-            try:
-                items.append(build(k, values, outs))
-            except MPIKVStoreError as exc:
-                error = error or exc
-                items.append(_Item(self._tokens(op, verb, k, values[0] if values else None,
-                                                str(exc))))
-        self._last_calls = [c for it in items for c in it.calls]
-        if items:
-            self._stream.push(self._last_calls, self._context)
-        for it in items:
-            if it.post is not None:
-                it.post()
-        if error is not None:
-            raise error
-
-    def _collective(self, op: int, verb: str, key: Key, src, dst, priority: int = 0,
-                    root: int = 0) -> None:
-        """One collective on `key` (layout recorded at first use), for the stores
-        built on this one; a failure still takes its place (a token)."""
-        def build(k, values, outs):
-            info = self._keys.layout(k, src)
-            return self._item(op, verb, k, src, dst, [dst], priority,
-                              self._flags(info.dtype) if op == _native.ALLREDUCE else 0, root)
-
-        self._run([(key, [src], [dst])], build, op, verb)
-
-    def _internal(self, op: int, arr, desc: str, root: int = 0) -> None:
-        """An in-place collective on a host array outside any key (its layout may
-        change between calls), described by `desc` (what ranks agree on)."""
-        self._usable()
-        self._stream.push([Call(op, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
-                                desc="%s shape=%s %s" % (desc, tuple(arr.shape),
-                                                         np.dtype(arr.dtype)),
-                                label=desc, root=root)], self._context)
 
     # ------------------------------------------------------------ KVStoreBase API
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Copy rank 0's `value` into `out` (an array or list) on every rank."""
-        groups = _broadcast_groups(key, value, out)
+        groups = broadcast_groups(key, value, out)
 
         def build(k, values, outs):
             self._checked(k, values, outs, "broadcast")
@@ -396,7 +204,7 @@ class MPIKVStore(KVStoreBase):
             # The same arrays as last time: the native side checks their layout.
             self._stream.push_raw(fast[3], 1, self._context)
             return
-        self._reduce(_group(key, value, out), lambda k: priority)
+        self._reduce(key_groups(key, value, out), lambda k: priority)
         if type(key) in (int, str) and isinstance(value, mx.nd.NDArray) \
                 and len(self._last_calls) == 1 and not staging.needs_staging(value) \
                 and (out is None or (isinstance(out, mx.nd.NDArray) and on_host(out))):
@@ -416,7 +224,7 @@ class MPIKVStore(KVStoreBase):
 
     def init(self, key, value) -> None:
         """Initialise `key` with rank 0's `value` (written back into `value` too)."""
-        groups = _group(key, value, None)
+        groups = key_groups(key, value, None)
 
         def build(k, values, outs):
             self._checked(k, values, None, "broadcast")
@@ -430,7 +238,7 @@ class MPIKVStore(KVStoreBase):
     def push(self, key, value, priority: int = 0) -> None:
         """Sum `value` over devices and ranks into the stored value of `key`
         (or, with an optimizer set, apply the update to the stored weight)."""
-        groups = _group(key, value, None)
+        groups = key_groups(key, value, None)
         updates = []
 
         def build(k, values, outs):
@@ -459,7 +267,7 @@ class MPIKVStore(KVStoreBase):
         """Copy the stored value of `key` (from init or push) into `out`."""
         if out is None:
             raise MPIKVStoreError("pull needs `out`")
-        for k, outs, _ in _group(key, out, None):
+        for k, outs, _ in key_groups(key, out, None):
             check_key(k)
             if k not in self._stored:
                 raise MPIKVStoreError("pull of key %r, which was never initialised: call "
@@ -495,7 +303,7 @@ class MPIKVStore(KVStoreBase):
     def set_optimizer(self, optimizer) -> None:
         """Apply `optimizer` locally on every rank to values pushed with push();
         every rank holds identical weights, so no server is needed."""
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
 
@@ -533,92 +341,7 @@ class MPIKVStore(KVStoreBase):
         return join_store(self, params, updater)
 
     # ------------------------------------------------------------ Trainer and Module glue
-    @contextlib.contextmanager
-    def serving(self, what: str | None):
-        """Collectives pushed inside the block say what they are for (`what`,
-        e.g. "Module.update 3: gradient allreduce"): their mismatch, token and
-        stall messages print it."""
-        before = self._context
-        self._context = what.encode() if what else None
-        try:
-            yield
-        finally:
-            self._context = before
 
-    def name_keys(self, names: dict) -> None:
-        """Key -> parameter name, printed in messages about the key's collectives."""
-        for key, name in names.items():
-            self._keys.set_name(key, name)
-
-    def batch_agreement(self, batch_size, what: str | None = None) -> BatchSizes:
-        """Push the allreduce of this rank's `batch_size` over every worker of
-        the store (collective); read the result with .mean() or .total()
-        (docs/store.md, "Batch sizes")."""
-        self._usable()
-        if self._batch_sizes is None:
-            self._batch_sizes = BatchSizes()
-        return self._batch_sizes.push(self._workers_stream(), batch_size,
-                                      what.encode() if what else self._context)
-
-    def _workers_stream(self):
-        """The stream over every worker (num_workers) of the store."""
-        return self._stream
-
-    def sync_initial_params(self, params: Sequence) -> None:
-        """Broadcast initial values of Gluon `params` from rank 0 now, and of
-        deferred-init ones as soon as their shapes are known (first forward),
-        so every rank computes its first gradient on the same weights."""
-        self.name_keys({idx: p.name for idx, p in enumerate(params)})
-        keys, values, outs = [], [], []
-        for idx, param in enumerate(params):
-            if param._deferred_init:
-                on_deferred_init(param, lambda arrays, idx=idx: self._broadcast_deferred(
-                    idx, arrays))
-            else:
-                arrays = param._check_and_get(param._data, list)
-                keys.append(idx)
-                values.append(arrays[0])
-                outs.append(arrays)
-        if keys:
-            with self.serving("Trainer init: broadcast of initial weights"):
-                self.broadcast(keys, values, out=outs)
-
-    def _broadcast_deferred(self, key: Key, arrays: list) -> None:
-        with self.serving("first forward before Trainer.step %d: broadcast of deferred-init "
-                          "weights" % (self._reductions + 1)):
-            self.broadcast(key, arrays[0], out=arrays)
-
-    def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
-                         what: str | None = None) -> BatchSizes | None:
-        """Trainer's gradient reduction, issued last parameter first: backprop
-        makes gradients ready from the output layer back, so collectives follow
-        readiness instead of waiting for the input layer. Built once, then one
-        native call per step while the gradient arrays stay the same.
-
-        With `batch_size`, the batch sizes are summed too (on the first
-        collective that can carry them, or one of their own pushed first):
-        returns them, for the rule's mean. `what` names the call in messages."""
-        self._usable()
-        self._reductions += 1
-        context = what.encode() if what else None
-        if self._updater is None and not update_on_kvstore \
-                and self._plan.push(params, batch_size, context):
-            return self._plan.batch_sizes if batch_size is not None else None
-        agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
-        groups = []
-        for i in reversed(range(len(params))):
-            param = params[i]
-            if param.grad_req == "null":
-                continue
-            out = param.list_data() if update_on_kvstore else None
-            groups.append((i, param.list_grad(), out))
-        with self.serving(what):
-            if self._updater is not None:
-                for k, grads, out in groups:
-                    self.pushpull(k, grads, out=out, priority=-k)
-            else:
-                self._reduce(groups, lambda k: -k)
-        return agreed
 
     def __getstate__(self):
         raise pickle.PicklingError("an MPI kvstore cannot be pickled")

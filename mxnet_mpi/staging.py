@@ -22,13 +22,11 @@ path on machines without a GPU).
 
 from __future__ import annotations
 
-import os
-
 import mxnet as mx
 import numpy as np
 
+from . import settings
 from .collectives import on_host
-from .settings import env_number
 
 CHUNK_ENV = "MXNET_MPI_STAGE_CHUNK_BYTES"
 FORCE_ENV = "MXNET_MPI_FORCE_STAGING"
@@ -37,7 +35,7 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 
 def forced() -> bool:
     """Whether host arrays are staged too ($MXNET_MPI_FORCE_STAGING=1)."""
-    return os.environ.get(FORCE_ENV, "0").strip() not in ("", "0")
+    return settings.get(FORCE_ENV)
 
 
 def needs_staging(*arrays) -> bool:
@@ -47,7 +45,7 @@ def needs_staging(*arrays) -> bool:
 
 def chunk_elements(dtype) -> int:
     """Elements per staged chunk for `dtype`."""
-    nbytes = int(env_number(CHUNK_ENV, DEFAULT_CHUNK_BYTES, int)) or DEFAULT_CHUNK_BYTES
+    nbytes = settings.get(CHUNK_ENV) or DEFAULT_CHUNK_BYTES
     return max(1, nbytes // np.dtype(dtype).itemsize)
 
 

@@ -11,9 +11,9 @@ can put both traces on one time axis. ``start``/``stop`` record at run time
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from . import settings
 from ._native import LIB, check
 
 ENV_VAR = "MXNET_MPI_TIMELINE"
@@ -50,7 +50,7 @@ def dump(path: str, rank: int) -> str:
 
 
 def requested() -> str | None:
-    return os.environ.get(ENV_VAR) or None
+    return settings.get(ENV_VAR)
 
 
 def merge(paths: list, out: str) -> None:

@@ -58,10 +58,10 @@ class TrainerPlan:
         if fingerprint != self._fingerprint and not self._build(live, fingerprint):
             return False
         if batch_size is None:
-            self._store._stream.push_raw(self._array, len(self._calls), context)
+            self._store.stream.push_raw(self._array, len(self._calls), context)
         else:
             self.batch_sizes.fill(batch_size)
-            self._store._stream.push_raw(self._batch_array, len(self._batch_calls), context)
+            self._store.stream.push_raw(self._batch_array, len(self._batch_calls), context)
         return True
 
     def _build(self, live: list, fingerprint: tuple) -> bool:

@@ -8,13 +8,15 @@ user has set, to any value, is left alone. ``MXNET_MPI_TRANSPORT_DEFAULTS=0``
 turns all of them off. The measurements behind them: docs/benchmarks.md,
 "Transport settings" (benchmarks/cluster.py's link check).
 
-This module imports nothing from mxnet_mpi (it must run before the rest).
+It imports only the settings table (it must run before the rest).
 """
 
 from __future__ import annotations
 
 import os
 from typing import MutableMapping
+
+from . import settings
 
 # name -> (value, why)
 DEFAULTS = {
@@ -28,13 +30,12 @@ DEFAULTS = {
 # also computes (training) then hands the core over at every idle poll: an
 # MPI round trip took 4-7 ms instead of 15-30 us. The stores' own waits sleep.
 OFF_VAR = "MXNET_MPI_TRANSPORT_DEFAULTS"
-_OFF = ("0", "false", "no", "off")
 
 
 def enabled(env: MutableMapping | None = None) -> bool:
     """Whether the defaults apply (not switched off by MXNET_MPI_TRANSPORT_DEFAULTS)."""
     env = os.environ if env is None else env
-    return env.get(OFF_VAR, "1").strip().lower() not in _OFF
+    return bool(settings.BY_NAME[OFF_VAR].parse(env.get(OFF_VAR)))
 
 
 def apply(env: MutableMapping | None = None) -> dict:

@@ -26,27 +26,15 @@ from typing import Callable
 
 import mxnet as mx
 
-from . import timeline
+from . import settings, timeline
 from ._native import LIB, check, last_error
 from .errors import MPIKVStoreError
-from .settings import env_number
 
 THREAD_SERIALIZED = 2
 THREAD_MULTIPLE = 3
 
 log = logging.getLogger("mxnet_mpi")
 
-# Reliability settings, read once when MPI is initialised (README: "When
-# things go wrong"). name -> default
-SETTINGS = {
-    "MXNET_MPI_STALL_WARN_S": 60.0,     # warn about a wait this long
-    "MXNET_MPI_STALL_ABORT_S": 600.0,   # abort the job when a wait is this long
-    "MXNET_MPI_HEALTH_INTERVAL_S": 1.0,  # heartbeat period; 0 = no watchdog
-}
-
-
-def _setting(name: str) -> float:
-    return env_number(name, SETTINGS[name])
 
 
 @dataclass(frozen=True)
@@ -105,20 +93,20 @@ def init() -> Communicator:
     with _lock:
         if _state.world is not None:
             return _state.world
-        warn, abort = _setting("MXNET_MPI_STALL_WARN_S"), _setting("MXNET_MPI_STALL_ABORT_S")
-        if abort < warn:
-            raise MPIKVStoreError("MXNET_MPI_STALL_ABORT_S (%g) must be >= "
-                                  "MXNET_MPI_STALL_WARN_S (%g)" % (abort, warn))
-        if os.environ.get("MXNET_MPI_CHECK_SIGNATURES", "1").strip() == "0":
+        # reliability and store settings, read when MPI is initialised
+        warn, abort, interval = settings.stall_limits()
+        store0 = settings.store_options()   # the free functions' store
+        if not settings.get("MXNET_MPI_CHECK_SIGNATURES"):
             warnings.warn("MXNET_MPI_CHECK_SIGNATURES=0 is ignored: ranks always agree on "
                           "each collective before data moves (it is how they stay paired)",
                           stacklevel=2)
-        LIB.mxmpi_configure(warn, abort, _setting("MXNET_MPI_HEALTH_INTERVAL_S"))
+        LIB.mxmpi_configure(warn, abort, interval)
         _keep_mpi4py_from_finalizing()
         if timeline.requested():
             timeline.start()
         out = [ctypes.c_int() for _ in range(5)]
-        rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[ctypes.byref(o) for o in out])
+        rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[store0[k] for k in settings.STORE_OPTIONS],
+                            *[ctypes.byref(o) for o in out])
         if rc != 0:
             raise MPIKVStoreError(last_error())
         provided, rank, size, local_rank, local_size = (o.value for o in out)
@@ -134,7 +122,7 @@ def init() -> Communicator:
         atexit.register(_at_exit)
         if size > 1:
             _watch_exit_status()
-            if os.environ.get("MXNET_MPI_ABORT_ON_EXCEPTION", "1") != "0":
+            if settings.get("MXNET_MPI_ABORT_ON_EXCEPTION"):
                 _install_abort_hook()
         return _state.world
 
@@ -244,6 +232,12 @@ def _watch_exit_status() -> None:
 
     exit.__doc__ = original.__doc__
     sys.exit = exit
+
+
+def forget_exit_status() -> None:
+    """Forget a status given to sys.exit so far (a process that runs several
+    programs, e.g. a pool of warm ranks, after each)."""
+    _state.exit_code = None
 
 
 def _forked_child() -> None:

@@ -2,3 +2,21 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The longest files first: with `-n N --dist loadfile` (the Makefile's test
+# command) each file runs on one worker, so its module-level results (a pooled
+# job, a launched cluster) are made once, and starting the long files first
+# keeps one worker from finishing alone at the end. Order by measured
+# worker-seconds; files not listed follow in their usual order.
+LONGEST_FIRST = [
+    "test_install.py", "test_hybrid_faults.py", "test_hybrid.py", "test_multihost.py",
+    "test_launch.py", "test_exits.py", "test_benchmarks.py", "test_examples.py",
+    "test_network_faults.py", "test_collectives.py", "test_faults.py", "test_runner.py",
+    "test_readiness.py", "test_syncbn.py", "test_param_names.py", "test_rescale.py",
+    "test_gluon.py", "test_horovod_api.py", "test_modes.py", "test_batch_sizes.py",
+]
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))

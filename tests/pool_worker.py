@@ -42,7 +42,7 @@ def _recv_line(sock: socket.socket, buf: bytearray) -> bytes:
 
 
 def _close_stores() -> None:
-    for store in list(joining._stores):
+    for store in joining.open_stores():
         try:
             store.close()
         except Exception as exc:  # noqa: BLE001  (reported, never fatal for the pool)
@@ -97,7 +97,7 @@ def run_request(req: dict, rank: int) -> int:
                              % first)
         _close_stores()
     finally:
-        world._state.exit_code = None   # a status the script gave is not the pool's
+        world.forget_exit_status()   # a status the script gave is not the pool's
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fds[0], 1)

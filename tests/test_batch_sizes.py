@@ -30,3 +30,35 @@ def test_different_batch_sizes_keep_ranks_identical(tmp_path, mode):
         assert sorted(r["sections"]) == sorted(SECTIONS[mode].split(","))
     assert ranks[0]["digests"] == ranks[1]["digests"]   # bit-identical across ranks
     assert len(ranks[0]["digests"]) == len(SECTIONS[mode].split(","))
+
+
+# The hybrid store with local updates (update_on_kvstore=False), real ps-lite:
+# 1 group of 2 and 2 groups of 1. Group 1 starts with MXNet's nightly
+# dist_device_sync pattern (str keys, then a two-device Trainer: int keys);
+# group 2 the other way round (int keys first).
+HYBRID_SECTIONS = {
+    1: "hybrid_nightly,hybrid_trainer,hybrid_two_devices,hybrid_optimizer",
+    2: "hybrid_trainer,hybrid_two_devices,hybrid_nightly,hybrid_optimizer",
+}
+
+
+@pytest.mark.parametrize("groups", sorted(HYBRID_SECTIONS))
+def test_hybrid_local_updates_batch_sizes_and_two_devices(tmp_path, groups):
+    """dist_sync_mpi with update_on_kvstore=False: ranks with different batch
+    sizes, and with two devices each, stay bit-identical and equal the
+    one-process reference of the rule (summed over the whole world); str and
+    int keys mix on one store; a local-update Trainer on servers that hold an
+    optimizer is refused."""
+    import sys
+
+    from launching import run as launch
+    from mpirun import SCRIPTS
+    launch(2, groups, 1, [sys.executable, str(SCRIPTS / "batch_sizes.py"), "hybrid",
+                          str(tmp_path), HYBRID_SECTIONS[groups]], timeout=240)
+    ranks = [json.loads((tmp_path / ("rank%d.json" % r)).read_text()) for r in range(2)]
+    for r in ranks:
+        bad = {k: v for k, v in r["sections"].items() if v["status"] != "OK"}
+        assert not bad, (r["rank"], bad)
+        assert sorted(r["sections"]) == sorted(HYBRID_SECTIONS[groups].split(","))
+    assert ranks[0]["digests"] == ranks[1]["digests"]
+    assert len(ranks[0]["digests"]) == 5   # 3 trained sections, 2 server-updated Trainers

@@ -1,6 +1,9 @@
 """Reliability: mismatches, stalls and dead ranks end the job fast, non-zero,
 with a message naming the key, the ranks and their shapes/dtypes."""
 
+from __future__ import annotations
+
+import json
 import os
 import re
 import time
@@ -8,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from mpirun import run_mpi
+from pool import run_pooled
 
 MODES = ["chained", "funneled", "concurrent"]
 FAST = {"MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "4",
@@ -20,32 +24,66 @@ def fail(scenario, mode, nranks=2, timeout=60):
     return proc, time.time() - t0
 
 
+MISMATCHES = {
+    "shape": ["key='w' shape=(3,) float32", "key='w' shape=(4,) float32"],
+    "dtype": ["key='w' shape=(3,) float32", "key='w' shape=(3,) float64"],
+    "order": ["key='a'", "key='b'"],
+}
+
+
+def caught_cases(env: dict | None = None, modes=MODES, names=(*MISMATCHES, "ok")) -> dict:
+    """{(mode, scenario): [per-rank case]} from one pooled 2-rank job."""
+    proc = run_pooled("faults_caught.py", 2, ",".join(modes), ",".join(names), env=env,
+                      timeout=120)
+    cases: dict = {}
+    for ln in proc.stdout.splitlines():
+        if ln.startswith("CASE "):
+            c = json.loads(ln[5:])
+            cases.setdefault((c["mode"], c["scenario"]), []).append(c)
+    assert proc.stdout.count("finished") == 2, proc.stdout[-3000:]
+    return {"cases": cases, "stderr": proc.stderr}
+
+
+@pytest.fixture(scope="module")
+def caught():
+    return caught_cases()
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("scenario,wants", [
-    ("shape", ["key='w' shape=(3,) float32", "key='w' shape=(4,) float32"]),
-    ("dtype", ["key='w' shape=(3,) float32", "key='w' shape=(3,) float64"]),
-])
-def test_mismatch_named_on_every_rank(mode, scenario, wants):
-    proc, _ = fail(scenario, mode)
-    assert proc.returncode != 0
-    msgs = [ln for ln in proc.stderr.splitlines() if "ranks disagree on a collective" in ln]
-    assert msgs, proc.stderr[-3000:]
-    for want in wants:
-        assert want in msgs[0]
-    assert "rank 0 runs" in msgs[0] and "rank 1 runs" in msgs[0]
-    # every rank reports it (it may be cut short by the abort, so the native
-    # stderr lines, printed first, are what we count in chained/funneled)
-    if mode != "concurrent":   # mpirun may interleave bytes of two ranks' lines: search
-        named = set(re.findall(r"\[rank (\d)\] mxnet_mpi: ranks disagree", proc.stderr))
-        assert {"0", "1"} <= named, proc.stderr[-3000:]
+@pytest.mark.parametrize("scenario", sorted(MISMATCHES))
+def test_mismatch_named_on_every_rank(caught, mode, scenario):
+    """Every rank gets the error naming both ranks' calls, at once (not at a
+    stall timeout), and the store still sums correctly afterwards."""
+    ranks = caught["cases"][(mode, scenario)]
+    assert len(ranks) == 2, caught["cases"]
+    for c in ranks:
+        msg = c["error"]
+        assert msg and "ranks disagree on a collective" in msg, c
+        assert "rank 0 runs" in msg and "rank 1 runs" in msg, msg
+        for want in MISMATCHES[scenario]:
+            assert want in msg, msg
+        assert c["seconds"] < 10, c
+        assert c["after"] == [2.0] * 3, c
+    # the native layer names it on each rank's stderr as well
+    named = set(re.findall(r"\[rank (\d)\] mxnet_mpi: ranks disagree on a collective of "
+                           r"store 'mpi_%s'" % mode, caught["stderr"]))
+    assert named == {"0", "1"}, caught["stderr"][-3000:]
 
 
-@pytest.mark.parametrize("mode", ["chained", "funneled"])
-def test_keys_pushed_in_different_order(mode):
-    proc, _ = fail("order", mode)
-    assert proc.returncode != 0
-    assert "key='a'" in proc.stderr and "key='b'" in proc.stderr
-    assert "ranks disagree on a collective" in proc.stderr
+@pytest.mark.parametrize("mode", MODES)
+def test_control_scenario_passes(caught, mode):
+    ranks = caught["cases"][(mode, "ok")]
+    assert [c["error"] for c in ranks] == [None, None] and all(c["after"] == [2.0] * 3
+                                                               for c in ranks)
+
+
+def test_uncaught_mismatch_ends_the_job():
+    """Left uncaught, the error ends the whole job non-zero on every rank."""
+    proc, took = fail("shape", "chained")
+    assert proc.returncode != 0 and took < 30
+    named = set(re.findall(r"\[rank (\d)\] mxnet_mpi: ranks disagree", proc.stderr))
+    assert {"0", "1"} <= named, proc.stderr[-3000:]
+    assert "rank 0 finished" not in proc.stdout and "rank 1 finished" not in proc.stdout
 
 
 @pytest.mark.parametrize("mode", ["chained", "concurrent"])   # blocking and non-blocking MPI
@@ -85,18 +123,21 @@ def test_failing_rank_brings_the_job_down(scenario):
     assert "rank 0 finished" not in proc.stdout
 
 
-def test_control_scenario_passes():
-    proc, _ = fail("ok", "chained")
-    assert proc.returncode == 0 and proc.stdout.count("finished ok") == 2
+@pytest.fixture(scope="module")
+def naive():
+    """One NaiveEngine pool run for both modes (the engine is chosen at start-up)."""
+    return caught_cases({"MXNET_ENGINE_TYPE": "NaiveEngine"}, modes=("chained", "concurrent"),
+                        names=("shape",))
 
 
 @pytest.mark.parametrize("mode", ["chained", "concurrent"])
-def test_mismatch_is_an_error_under_naive_engine(mode):
+def test_mismatch_is_an_error_under_naive_engine(naive, mode):
     """MXNet's synchronous NaiveEngine drops errors given to an op's completion
     callback: the collective's error must come from the push itself, on every
     rank, never leave the arrays silently unsummed."""
-    proc = run_mpi("faults.py", 2, "shape", mode, env={**FAST, "MXNET_ENGINE_TYPE": "NaiveEngine"},
-                   timeout=60, check=False)
-    assert proc.returncode != 0
-    assert "ranks disagree on a collective" in proc.stderr, proc.stderr[-3000:]
-    assert "rank 0 finished" not in proc.stdout
+    ranks = naive["cases"][(mode, "shape")]
+    assert len(ranks) == 2
+    for c in ranks:
+        assert c["error"] and "ranks disagree on a collective" in c["error"], c
+        assert c["after"] == [2.0] * 3, c
+

@@ -8,7 +8,7 @@ import ast
 
 import numpy as np
 import pytest
-from mpirun import SCRIPTS, run_mpi
+from mpirun import SCRIPTS
 from pool import run_pooled
 from pslite import parameter_server, run_workers
 
@@ -79,8 +79,8 @@ def test_trainer_issues_collectives_in_readiness_order(mode, tmp_path):
     """Backprop makes the last layer's gradient ready first; collectives must
     start there, not wait for the whole backward pass (the script's gate holds
     back layer 0's gradient; see trainer_order.py). Every mode must overlap."""
-    proc = run_mpi(str(SCRIPTS / "trainer_order.py"), 2,
-                   env={"MXNET_MPI_MODE": mode, "MXNET_MPI_TIMELINE": str(tmp_path / "t.json")})
+    proc = run_pooled(str(SCRIPTS / "trainer_order.py"), 2, str(tmp_path / "t.json"),
+                      env={"MXNET_MPI_MODE": mode})
     order_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ORDER")][0]
     order = ast.literal_eval(order_line.split(" ", 1)[1])
     assert order == sorted(order, reverse=True) and len(order) == 8

@@ -174,3 +174,31 @@ def test_misconfiguration_errors():
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ERR %s:" % case)]
         assert len(lines) == 2, proc.stdout          # both ranks
         assert all(text in ln for ln in lines), lines
+
+
+def test_server_keys_mix_int_and_str():
+    """ps-lite takes one key type per process: the type used first keeps
+    MXNet's numbers, the other is moved past OTHER_BASE, with a Module's
+    idx2name (wd_mult of biases) moved along."""
+    import mxnet as mx
+
+    from mxnet_mpi.errors import MPIKVStoreError
+    from mxnet_mpi.server_keys import OTHER_BASE, ServerKeys
+
+    keys = ServerKeys("dist_sync_mpi")
+    for k in ("fc1_weight", "fc1_bias", 0, 3, "fc2_weight"):
+        keys.register(k)
+    assert [keys.of(k) for k in ("fc1_weight", "fc1_bias", "fc2_weight")] == [0, 1, 2]
+    assert keys.of(0) == OTHER_BASE and keys.of(3) == OTHER_BASE + 3
+    opt = mx.optimizer.create("sgd", param_idx2name={0: "fc1_weight", 1: "fc1_bias"})
+    assert keys.optimizer(opt) is opt          # str keys came first: MXNet's numbers
+    ints = ServerKeys("dist_sync_mpi")
+    for k in (0, 1, "fc1_weight", "fc1_bias"):
+        ints.register(k)
+    assert ints.of(1) == 1 and ints.of("fc1_bias") == OTHER_BASE + 1
+    moved = ints.optimizer(opt)
+    assert moved.idx2name == {OTHER_BASE: "fc1_weight", OTHER_BASE + 1: "fc1_bias"}
+    assert moved._get_wd(OTHER_BASE + 1) == 0.0 and opt.idx2name == {0: "fc1_weight",
+                                                                       1: "fc1_bias"}
+    with pytest.raises(MPIKVStoreError, match="out of range"):
+        ints.register(OTHER_BASE)

@@ -22,22 +22,37 @@ N, GROUPS = 4, 2
 FAST = {"MXNET_MPI_STALL_WARN_S": "5", "MXNET_MPI_STALL_ABORT_S": "20"}
 
 
-def results(output: str) -> list:
-    rows = [json.loads(ln.split("RESULT ", 1)[1]) for ln in output.splitlines()
-            if "RESULT " in ln]
-    return sorted(rows, key=lambda r: r["rank"])
+def results(output: str) -> dict:
+    """{case: [row per rank, by rank]} from the RESULT lines."""
+    by_case: dict = {}
+    for ln in output.splitlines():
+        if "RESULT " in ln:
+            row = json.loads(ln.split("RESULT ", 1)[1])
+            by_case.setdefault(row["case"], []).append(row)
+    return {c: sorted(rows, key=lambda r: r["rank"]) for c, rows in by_case.items()}
 
 
-def run_case(case: str, kvstore: str = "dist_sync_mpi", groups: int = GROUPS) -> list:
-    proc = launch(N, groups, 1, [sys.executable, SCRIPT, "--case", case, "--kvstore", kvstore],
-                  timeout=55, env=FAST)
+def run_cases(cases: list, kvstore: str = "dist_sync_mpi", groups: int = GROUPS) -> dict:
+    """Run several cases one after another in one launched job (one store)."""
+    proc = launch(N, groups, 1, [sys.executable, SCRIPT, "--case", ",".join(cases),
+                                 "--kvstore", kvstore], timeout=90, env=FAST)
     rows = results(proc.stdout)
-    assert len(rows) == N, proc.stdout[-4000:]
+    for case in cases:
+        assert len(rows.get(case, [])) == N, proc.stdout[-4000:]
     return rows
 
 
-def test_uninitialised_pull_fails_on_every_rank():
-    rows = run_case("uninit_pull")
+# The sync cases share one launched job: each needs the cluster, none breaks it.
+SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows"]
+
+
+@pytest.fixture(scope="module")
+def sync_rows() -> dict:
+    return run_cases(SYNC_CASES)
+
+
+def test_uninitialised_pull_fails_on_every_rank(sync_rows):
+    rows = sync_rows["uninit_pull"]
     errors = {r["error"] for r in rows}
     assert len(errors) == 1, rows            # the same error on every rank
     msg = errors.pop()
@@ -47,9 +62,8 @@ def test_uninitialised_pull_fails_on_every_rank():
         assert r["after"] == [[1.0] * 3] * 2, r   # the store still works
 
 
-def test_row_sparse_pull_with_no_rows_in_a_group():
-    rows = run_case("rsp_no_rows")
-    for r in rows:
+def test_row_sparse_pull_with_no_rows_in_a_group(sync_rows):
+    for r in sync_rows["rsp_no_rows"]:
         dense = np.array(r["dense"])
         if r["group"] == 1 and r["rank"] % 2 == 0:
             assert r["rows"] == [2]
@@ -60,22 +74,22 @@ def test_row_sparse_pull_with_no_rows_in_a_group():
         assert not dense.any(), r
 
 
-@pytest.mark.parametrize("kvstore,groups", [("dist_sync_mpi", 2), ("dist_async_mpi", 2)])
-def test_several_trainers_do_not_reinit_the_servers(kvstore, groups):
-    rows = run_case("two_trainers", kvstore, groups)
-    if kvstore.startswith("dist_sync"):
-        # 3 steps of SGD(0.1) on sum over ranks of d(sum(W x + b)): grad W = sum(rank+1)
-        # per column, grad b = N; from W = 0.5, b = 0, untouched by re-inits.
-        s = sum(range(1, N + 1))
-        want_w = np.full((2, 3), 0.5 - 3 * 0.1 * s)
-        want_b = np.full(2, 0.0 - 3 * 0.1 * N)   # Dense: bias_initializer="zeros"
-        for r in rows:
-            np.testing.assert_allclose(r["weight"], want_w, rtol=1e-5)
-            np.testing.assert_allclose(r["bias"], want_b, rtol=1e-5)
-    else:
-        w0 = rows[0]["weight"]
-        assert all(np.isfinite(np.array(r["weight"])).all() for r in rows)
-        assert all(r["weight"] == w0 for r in rows if r["group"] == rows[0]["group"])
+def test_several_trainers_do_not_reinit_the_servers(sync_rows):
+    # 3 steps of SGD(0.1) on sum over ranks of d(sum(W x + b)): grad W = sum(rank+1)
+    # per column, grad b = N; from W = 0.5, b = 0, untouched by re-inits.
+    s = sum(range(1, N + 1))
+    want_w = np.full((2, 3), 0.5 - 3 * 0.1 * s)
+    want_b = np.full(2, 0.0 - 3 * 0.1 * N)   # Dense: bias_initializer="zeros"
+    for r in sync_rows["two_trainers"]:
+        np.testing.assert_allclose(r["weight"], want_w, rtol=1e-5)
+        np.testing.assert_allclose(r["bias"], want_b, rtol=1e-5)
+
+
+def test_several_trainers_async():
+    rows = run_cases(["two_trainers"], "dist_async_mpi")["two_trainers"]
+    w0 = rows[0]["weight"]
+    assert all(np.isfinite(np.array(r["weight"])).all() for r in rows)
+    assert all(r["weight"] == w0 for r in rows if r["group"] == rows[0]["group"])
 
 
 def _kill_left(port: int) -> list:

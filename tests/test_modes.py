@@ -19,7 +19,7 @@ def lines(proc, tag):
 
 
 def test_mode_by_name_and_default():
-    proc = run_mpi("mode_select.py", 1)
+    proc = run_mpi("mode_select.py", 1)   # a fresh process: the mode is logged once per process
     default = lines(proc, "DEFAULT")[0][0]
     assert lines(proc, "MPI_TYPE")[0] == ["mpi_" + default, default]
     assert sorted(lines(proc, "BY_NAME")) == sorted([m, "mpi_" + m, m] for m in MODES)
@@ -36,14 +36,14 @@ def test_mode_by_name_and_default():
 
 @pytest.mark.parametrize("mode", ["funneled"])   # not the default; the others: test_gluon
 def test_mode_from_environment(mode):
-    proc = run_mpi("mode_select.py", 2, env={"MXNET_MPI_MODE": mode})
+    proc = run_pooled("mode_select.py", 2, env={"MXNET_MPI_MODE": mode})
     assert lines(proc, "MPI_TYPE") == [["mpi_" + mode, mode]] * 2
     # a name that fixes the mode wins over the environment
     assert ["chained", "mpi_chained", "chained"] in lines(proc, "BY_NAME")
 
 
 def test_unknown_mode_in_environment_is_a_clear_error():
-    proc = run_mpi("mode_select.py", 1, env={"MXNET_MPI_MODE": "bogus"}, check=False)
+    proc = run_pooled("mode_select.py", 1, env={"MXNET_MPI_MODE": "bogus"}, check=False)
     assert proc.returncode != 0
     assert "unknown mxnet_mpi mode 'bogus'" in proc.stderr
     assert "chained, funneled, concurrent" in proc.stderr

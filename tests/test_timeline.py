@@ -2,34 +2,57 @@
 collective, mergeable with MXNet's profiler output."""
 
 import json
+import re
 
 import pytest
 from mpirun import run_mpi
 
 from mxnet_mpi.timeline import merge, rank_path
 
+MODES = ["chained", "funneled", "concurrent"]
 
-@pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])
-def test_timeline_one_event_per_collective(tmp_path, mode):
-    trace = str(tmp_path / "trace.json")
-    prof = str(tmp_path / "mxprof%d.json")
-    run_mpi("timeline_run.py", 2, mode, prof, env={"MXNET_MPI_TIMELINE": trace})
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """One 2-rank job (the trace is written when MPI is finalised), every mode
+    in turn on its own store and keys."""
+    tmp = tmp_path_factory.mktemp("timeline")
+    trace, prof = str(tmp / "trace.json"), str(tmp / "mxprof%d.json")
+    run_mpi("timeline_run.py", 2, ",".join(MODES), prof, env={"MXNET_MPI_TIMELINE": trace})
+    return tmp, trace, prof
+
+
+def key_of(event: dict) -> str:
+    m = re.match(r"(?:allreduce|broadcast) key='?(\w+)'?", event["name"])
+    assert m, event["name"]
+    return m.group(1)
+
+
+@pytest.mark.parametrize("m,mode", list(enumerate(MODES)))
+def test_timeline_one_event_per_collective(traces, m, mode):
+    tmp, trace, prof = traces
+    mine = {str(10 * m + i) for i in range(5)} | {"b%d" % m}
     for rank in range(2):
         path = rank_path(trace, rank)
         with open(path) as f:
             data = json.load(f)
         events = data["traceEvents"]
-        coll = [e for e in events if e.get("cat") == "collective"]
+        every = [e for e in events if e.get("cat") == "collective"]
+        assert len(every) == 21 * len(MODES)
+        coll = [e for e in every if key_of(e) in mine]
         # 20 pushpulls + 1 broadcast by the script, in every mode
         assert len(coll) == 21
-        assert sum(e["name"].startswith("allreduce key=3 shape=(400,)") for e in coll) == 4
+        assert sum(e["name"].startswith("allreduce key=%d shape=(400,)" % (10 * m + 3))
+                   for e in coll) == 4
+        assert sum(e["name"].startswith("broadcast key='b%d'" % m) for e in coll) == 1, \
+            [e["name"] for e in coll]
         for e in coll:
             a = e["args"]
             assert e["ph"] == "X" and e["dur"] >= 0 and a["ok"] is True
             assert a["enqueue_us"] <= a["ready_us"] <= a["start_us"] <= a["end_us"]
         assert any(e.get("ph") == "M" and "rank %d" % rank in e["args"]["name"]
                    for e in events)
-        merged = tmp_path / ("merged%d.json" % rank)
+        merged = tmp / ("merged%d.json" % rank)
         merge([path, prof % rank], str(merged))
         with open(merged) as f:
             all_events = json.load(f)["traceEvents"]

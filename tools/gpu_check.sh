@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run ON a GPU machine, from the repository root, after the parts made by
-# tools/gpu_prepare.sh were copied into STAGE/parts (default /root/mxmpi-gpu).
+# tools/gpu_prepare.sh were copied into STAGE/parts (default .gpu, where
+# gpu_prepare.sh leaves them). See docs/gpu.md.
 # Installs the stack into STAGE (no network, nothing outside STAGE), then:
 #   1. probes: do host<->GPU copies run, does one MXNet GPU kernel run (its
 #      CUDA wheels carry sm_50-86 machine code and no PTX), what the library holds
@@ -8,14 +9,17 @@
 #      a Trainer on the GPU against one process where kernels run)
 #   3. benchmarks/gpu.py (allreduce of GPU vs host arrays, staging copies,
 #      images/s of train_imagenet.py --synthetic where kernels run)
-# Everything goes to RESULTS (default $OUT, else ./gpu-results).
+# Everything goes to RESULTS (default ./gpu-results).
 # Usage: tools/gpu_check.sh [STAGE] [RESULTS] [setup|run|all]
 #   setup: join, unpack, build, probes (1);  run: tests and benchmark (2, 3)
 set -uo pipefail
-STAGE="${1:-/root/mxmpi-gpu}"
-RESULTS="${2:-${OUT:-./gpu-results}}"
+STAGE="${1:-.gpu}"
+RESULTS="${2:-./gpu-results}"
 PHASE="${3:-all}"
-mkdir -p "$RESULTS"
+mkdir -p "$STAGE" "$RESULTS"
+# Absolute: both end up in library and Python paths used from other folders.
+STAGE="$(cd "$STAGE" && pwd)"
+RESULTS="$(cd "$RESULTS" && pwd)"
 log() { echo "[gpu_check $(date +%T)] $*" | tee -a "$RESULTS/00_steps.txt"; }
 
 if [[ ! -x "$STAGE/py/usr/bin/python3.11" ]]; then

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Prepare, on a machine with network access, everything the GPU check needs on
-# a GPU machine that has none (the device tool's machines: Python 3.12 only,
-# no network, at most 64 MiB carried per call). Writes into OUTDIR (default
+# Prepare, on a machine with network access, everything the GPU check
+# (tools/gpu_check.sh, docs/gpu.md) needs on a GPU machine that has none, or
+# whose own Python is too new for MXNet 1.9. Writes into OUTDIR (default
 # .gpu/, ignored by git):
 #   wheels/   mxnet-cu117==1.9.1 and the rest of requirements.txt for CPython 3.11
 #             (+ setuptools, and the CUDA 11.7 runtime from nvidia-cuda-runtime-cu11)
-#   debs/     Debian's python3.11 runtime (the GPU machine's own Python is 3.12,
-#             which numpy 1.23.5 and so MXNet 1.9.1 cannot use)
+#   debs/     Debian's python3.11 runtime (for a GPU machine whose own Python is
+#             3.12 or newer, which numpy 1.23.5 and so MXNet 1.9.1 cannot use)
 #   stubs/    stand-ins for the other CUDA 11 libraries libmxnet.so loads
 #             (tools/cuda_stubs.py: 1.8 GB of wheels otherwise, and no kernel of
 #             theirs has Hopper code): setup succeeds, computation fails loudly
-#   parts/    all of it as one tar split into 60 MB parts: carry one part per
-#             call into a warm machine, join them there (see README "GPU check")
+#   parts/    all of it as one tar split into 60 MB parts, for transfers that
+#             limit the size of a file; gpu_check.sh joins them (docs/gpu.md)
 # Usage: tools/gpu_prepare.sh [--dry-run] [OUTDIR]
 set -euo pipefail
 DRY=0
@@ -51,5 +51,5 @@ run split -b 60M -d "$OUT/stack.tar" "$OUT/parts/stack.tar.part-"
 run rm -f "$OUT/stack.tar"
 if [[ $DRY == 0 ]]; then
     ls -l "$OUT/parts"
-    echo "parts: $(ls "$OUT/parts" | wc -l); carry them one per device call (README: GPU check)"
+    echo "parts: $(ls "$OUT/parts" | wc -l); copy them to the GPU machine, then make gpu-check (docs/gpu.md)"
 fi

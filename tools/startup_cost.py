@@ -1,6 +1,6 @@
 """What the start-up hook costs a Python process that never imports mxnet.
 
-    python tools/startup_cost.py [--runs 300]
+    python tools/startup_cost.py [--runs 300] [--csv benchmarks/results/startup_cost.csv]
 
 Makes pairs of throwaway venvs of this Python, identical but for the hook
 (mxnet_mpi_autoload.pth and its module, byte-compiled as pip installs them):
@@ -10,12 +10,15 @@ runs code too). In each pair it runs `python -c pass` alternately with and
 without the hook and prints the mean CPU time (user + sys) and wall time per
 process, the difference with its standard error, and the median time that
 `python -X importtime` gives `site` (which runs the .pth files), imports included.
+With --csv, also writes those figures, one row per pair, and the CSV's note
+(benchmarks/meta.py) for docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import csv
 import os
 import re
 import resource
@@ -61,7 +64,7 @@ def one_run(py: Path) -> tuple[float, float, float]:
     return wall, cpu, site
 
 
-def compare(label: str, pys: dict, runs: int) -> None:
+def compare(label: str, pys: dict, runs: int) -> dict:
     times = {name: [] for name in pys}
     for _ in range(5):   # page cache
         for py in pys.values():
@@ -86,11 +89,24 @@ def compare(label: str, pys: dict, runs: int) -> None:
           "site %+.3f ms (medians)"
           % (diff(c1, c0), diff(w1, w0), 1e3 * (statistics.median(s1) - statistics.median(s0))))
 
+    def se(a: list, b: list) -> float:
+        return 1e3 * (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return {"venvs": label, "runs": runs,
+            "cpu_without_ms": round(1e3 * statistics.mean(c0), 3),
+            "cpu_with_ms": round(1e3 * statistics.mean(c1), 3),
+            "cpu_diff_ms": round(1e3 * (statistics.mean(c1) - statistics.mean(c0)), 3),
+            "cpu_diff_se_ms": round(se(c1, c0), 3),
+            "wall_diff_ms": round(1e3 * (statistics.mean(w1) - statistics.mean(w0)), 3),
+            "wall_diff_se_ms": round(se(w1, w0), 3),
+            "site_diff_ms": round(1e3 * (statistics.median(s1) - statistics.median(s0)), 3)}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=300, help="processes per venv")
+    ap.add_argument("--csv", type=Path, help="also write the figures here (and a note beside)")
     args = ap.parse_args()
+    rows = []
     print("Python %s on %s, %d CPUs, load average %.2f, %s"
           % (sys.version.split()[0], sysconfig.get_platform(), os.cpu_count(),
              os.getloadavg()[0], time.strftime("%Y-%m-%d")))
@@ -98,7 +114,16 @@ def main() -> None:
         for label, bare in (("bare", True), ("default (pip, setuptools)", False)):
             pys = {"with hook": make_venv(Path(tmp, label[:4] + "-with"), bare, True),
                    "without hook": make_venv(Path(tmp, label[:4] + "-without"), bare, False)}
-            compare(label, pys, args.runs)
+            rows.append(compare(label, pys, args.runs))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from meta import write_meta
+        write_meta(args.csv, python=sys.version.split()[0])
+        print("wrote %s" % args.csv)
 
 
 if __name__ == "__main__":

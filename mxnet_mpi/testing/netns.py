@@ -40,9 +40,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from mxnet_mpi import settings
+
 # Names of everything made here start with this (MXNET_MPI_NETNS_PREFIX, so
 # that several users of one machine can tell their namespaces apart).
-PREFIX = os.environ.get("MXNET_MPI_NETNS_PREFIX", "mxmpi-")
+PREFIX = settings.get("MXNET_MPI_NETNS_PREFIX")
 _LIVE: list = []          # clusters to close at exit / on a signal
 _OLD_HANDLERS: dict = {}
 

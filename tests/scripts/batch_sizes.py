@@ -5,6 +5,10 @@ rescale_grad = scale / ((b_0 + ... + b_{n-1}) / n).
 
   mpirun -np 2 python batch_sizes.py MODE OUTDIR SECTION[,SECTION...]
 
+MODE "hybrid" (under mxnet_mpi.launch, ps-lite servers) runs the hybrid_*
+sections on one dist_sync_mpi store with update_on_kvstore=False (ranks
+update locally, the servers only sum).
+
 Each section trains a small net on rank-dependent data and batch sizes (some
 steps equal on every rank, some not) and compares its final weights, bit for
 bit, with a one-process reference computed here: for each step, every rank's
@@ -284,6 +288,102 @@ def section_module(res: Results) -> None:
            {k: v.asnumpy() for k, v in args.items()})
 
 
+# ---------------------------------------------------------------- hybrid store
+_hybrid = []
+
+
+def hybrid_store():
+    """The process's one dist_sync_mpi store (ps-lite: one worker per process)."""
+    if not _hybrid:
+        _hybrid.append(mx.kv.create("dist_sync_mpi"))
+    return _hybrid[0]
+
+
+def _hybrid_train(res: Results, name: str, ctxs: list) -> None:
+    """Local updates on the hybrid store: the rule over the whole world."""
+    net = mlp("float32", ctxs, initial("float32") if RANK == 0 else None)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT, kvstore=hybrid_store(),
+                               update_on_kvstore=False)
+    train(res, net, trainer, "float32", plain_step, shards=len(ctxs))
+    res.check(trainer._update_on_kvstore is False, "update_on_kvstore was not kept False")
+    for p in net.collect_params().values():
+        for d in range(1, len(ctxs)):
+            res.equal(p.list_data()[d], p.list_data()[0].asnumpy(), "device copies of " + p.name)
+    record(res, name, weights(net), reference("float32", shards=len(ctxs)), initial("float32"))
+
+
+def section_hybrid_trainer(res: Results) -> None:
+    _hybrid_train(res, "hybrid_trainer", [mx.cpu()])
+
+
+def section_hybrid_two_devices(res: Results) -> None:
+    _hybrid_train(res, "hybrid_two_devices", [mx.cpu(0), mx.cpu(1)])
+
+
+def section_hybrid_nightly(res: Results) -> None:
+    """MXNet's nightly dist_device_sync_kvstore.py pattern: str keys on the
+    store (init, then pull), then a Trainer (int keys) with two devices and
+    update_on_kvstore=False on the same store."""
+    kv = hybrid_store()
+    for shape in ((2, 3), (1200, 1200)):
+        keys = ["%d_%d" % (shape[0], i) for i in range(3)]
+        for i, key in enumerate(keys):
+            kv.init(key, [mx.nd.ones(shape) * i])
+            out = mx.nd.zeros(shape)
+            kv.pull(key, out=out)
+            res.equal(out, np.full(shape, i, dtype=np.float32), "pull of str key " + key)
+    _hybrid_train(res, "hybrid_nightly", [mx.cpu(0), mx.cpu(1)])
+    # str keys still work beside the int ones
+    out = mx.nd.zeros((2, 3))
+    kv.pull("2_1", out=out)
+    res.equal(out, np.full((2, 3), 1, dtype=np.float32), "pull of str key 2_1 after training")
+
+
+def section_hybrid_optimizer(res: Results) -> None:
+    """The nightly's Trainer type check (update_on_kvstore True, then None):
+    the optimizer goes to the servers, which update a third layer (keys 4 and
+    5, new to the servers) identically on every rank; a later local-update
+    Trainer on the same store is refused (the servers would return weights,
+    not sums)."""
+    kv = hybrid_store()
+    for update_on_kv in (True, None):
+        net = mlp("float32", [mx.cpu(0), mx.cpu(1)], initial("float32"))
+        head = mx.gluon.nn.Dense(3, in_units=3)
+        head.initialize(mx.init.Constant(0.5), ctx=[mx.cpu(0), mx.cpu(1)])
+        net.add(head)
+        trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                   kvstore=kv, update_on_kvstore=update_on_kv)
+        trainer._init_kvstore()
+        res.check(trainer._kv_initialized and trainer._update_on_kvstore is True,
+                  "update_on_kvstore=%r gave %r" % (update_on_kv, trainer._update_on_kvstore))
+        x, y = data(RANK, 0, "float32")   # 8 samples on every rank
+        xs = mx.gluon.utils.split_and_load(x, head.weight.list_ctx(), even_split=False)
+        ys = mx.gluon.utils.split_and_load(y, head.weight.list_ctx(), even_split=False)
+        with mx.autograd.record():
+            losses = [loss_of(net, xi, yi) for xi, yi in zip(xs, ys)]
+        for loss in losses:
+            loss.backward()
+        trainer.step(1)   # the rescale_grad _init_kvstore sent (1.0)
+        got = [p.list_data() for p in (head.weight, head.bias)]
+        for arrays in got:
+            res.check(not np.allclose(arrays[0].asnumpy(), 0.5), "the servers did not update")
+            res.equal(arrays[1], arrays[0].asnumpy(), "device copies of the head")
+        digests["hybrid_optimizer_%s" % update_on_kv] = hashlib.sha256(
+            b"".join(a[0].asnumpy().tobytes() for a in got)).hexdigest()
+    net = mlp("float32", [mx.cpu()], initial("float32"))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT, kvstore=kv,
+                               update_on_kvstore=False)
+    x, y = data(RANK, 0, "float32")
+    with mx.autograd.record():
+        loss = loss_of(net, x, y)
+    loss.backward()
+    try:
+        trainer.step(batch_of(RANK, 0))
+        res.check(False, "a local-update Trainer ran on servers holding an optimizer")
+    except mxnet_mpi.MPIKVStoreError as e:
+        res.check("already runs an optimizer on its servers" in str(e), str(e))
+
+
 SECTION_FNS = {
     "trainer": lambda res: section_trainer(res, "float32"),
     "trainer_float64": lambda res: section_trainer(res, "float64"),
@@ -293,6 +393,10 @@ SECTION_FNS = {
     "fp16_compression": section_fp16_compression,
     "horovod": section_horovod,
     "module": section_module,
+    "hybrid_trainer": section_hybrid_trainer,
+    "hybrid_two_devices": section_hybrid_two_devices,
+    "hybrid_nightly": section_hybrid_nightly,
+    "hybrid_optimizer": section_hybrid_optimizer,
 }
 
 res = Results(OUTDIR, RANK)

@@ -60,9 +60,9 @@ def same_everywhere() -> bool:
 
 step()
 if scenario == "api":
-    issued = trainer._kvstore._stream.info()[0]
+    issued = trainer._kvstore.stream.info()[0]
     clean = check_consistency(trainer)
-    one_collective = trainer._kvstore._stream.info()[0] - issued == 1
+    one_collective = trainer._kvstore.stream.info()[0] - issued == 1
     nudge()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -96,13 +96,13 @@ elif scenario == "hybrid":
     warned = any("rank(s) 1 differ" in str(w.message) for w in caught)
     after = check_consistency(trainer, action="raise")   # raises if still different
     print("RESULT %d type=%s group=%d found=%s warned=%s after=%s"
-          % (R, trainer._kvstore.type, trainer._kvstore._comm.size, found, warned, after),
+          % (R, trainer._kvstore.type, trainer._kvstore.comm.size, found, warned, after),
           flush=True)
 elif scenario == "off":
     kv = trainer._kvstore
-    issued = kv._stream.info()[0]
+    issued = kv.stream.info()[0]
     for _ in range(4):
         step()
     mx.nd.waitall()
-    per_step = (kv._stream.info()[0] - issued) / 4
+    per_step = (kv.stream.info()[0] - issued) / 4
     print("RESULT %d per_step=%g" % (R, per_step), flush=True)

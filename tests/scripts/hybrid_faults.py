@@ -25,66 +25,73 @@ from mxnet import gluon
 import mxnet_mpi  # noqa: F401  (registers the stores)
 
 p = argparse.ArgumentParser()
-p.add_argument("--case", required=True)
+p.add_argument("--case", required=True, help="a case, or several joined by commas")
 p.add_argument("--kvstore", default="dist_sync_mpi")
 args = p.parse_args()
 
 kv = mx.kv.create(args.kvstore)
 rank, size = kv.rank, kv.num_workers
-out: dict = {"rank": rank, "group": kv.group}
 
-if args.case == "uninit_pull":
-    kv.init(3, mx.nd.ones((2, 3)))
-    t0 = time.monotonic()
-    try:
-        kv.pull(99, out=mx.nd.zeros((2, 3)))
-        out["error"] = None
-    except mxnet_mpi.MPIKVStoreError as e:
-        out["error"] = str(e).splitlines()[0]
-    out["seconds"] = time.monotonic() - t0
-    # the store stays usable: a valid pull after the caught error
-    o = mx.nd.zeros((2, 3))
-    kv.pull(3, out=o)
-    out["after"] = o.asnumpy().tolist()
-elif args.case == "rsp_no_rows":
-    shape = (6, 2)
-    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
-    kv.init("w", mx.nd.ones(shape).tostype("row_sparse"))
-    o = mx.nd.sparse.zeros("row_sparse", shape)
-    # group 0 asks for nothing; group 1 asks for row 2 on its rank 0 only
-    ids = [2] if (kv.group == 1 and kv.group_rank == 0) else []
-    kv.row_sparse_pull("w", out=o, row_ids=mx.nd.array(ids, dtype="int64"))
-    out["rows"] = o.indices.asnumpy().tolist()
-    out["dense"] = o.tostype("default").asnumpy().tolist()
-elif args.case == "two_trainers":
-    net = gluon.nn.Dense(2, in_units=3)
-    net.initialize(mx.init.Constant(0.5))
-    params = net.collect_params()
-    trainers = [gluon.Trainer(params, "sgd", {"learning_rate": 0.1}, kvstore=kv)
-                for _ in range(3)]
-    x = mx.nd.ones((1, 3)) * (rank + 1)
-    for tr in trainers:
-        with mx.autograd.record():
-            loss = net(x).sum()
-        loss.backward()
-        tr.step(1)
-    out["weight"] = net.weight.data().asnumpy().tolist()
-    out["bias"] = net.bias.data().asnumpy().tolist()
-elif args.case in ("train_steps", "train_loop"):
-    # train_loop: pushes and pulls until killed; train_steps: 5 steps, then 3 s
-    # of other work; both print READY after the first step
-    kv.init(0, mx.nd.zeros((4,)))
-    g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
-    looping = args.case == "train_loop"
-    for step in range(100000 if looping else 5):
-        kv.push(0, g)
-        kv.pull(0, out=w)
-        w.wait_to_read()
-        if step == 0:
-            print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
-        if looping:
-            time.sleep(0.01)
-    time.sleep(3)
-    out["w"] = w.asnumpy().tolist()
-mx.nd.waitall()
-print("RESULT " + json.dumps(out), flush=True)
+
+def run_case(case: str) -> dict:
+    out: dict = {"rank": rank, "group": kv.group, "case": case}
+    if case == "uninit_pull":
+        kv.init(3, mx.nd.ones((2, 3)))
+        t0 = time.monotonic()
+        try:
+            kv.pull(99, out=mx.nd.zeros((2, 3)))
+            out["error"] = None
+        except mxnet_mpi.MPIKVStoreError as e:
+            out["error"] = str(e).splitlines()[0]
+        out["seconds"] = time.monotonic() - t0
+        # the store stays usable: a valid pull after the caught error
+        o = mx.nd.zeros((2, 3))
+        kv.pull(3, out=o)
+        out["after"] = o.asnumpy().tolist()
+    elif case == "rsp_no_rows":
+        shape = (6, 2)
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
+        # an int key: the cases share one store, and MXNet allows one key type per store
+        kv.init(7, mx.nd.ones(shape).tostype("row_sparse"))
+        o = mx.nd.sparse.zeros("row_sparse", shape)
+        # group 0 asks for nothing; group 1 asks for row 2 on its rank 0 only
+        ids = [2] if (kv.group == 1 and kv.group_rank == 0) else []
+        kv.row_sparse_pull(7, out=o, row_ids=mx.nd.array(ids, dtype="int64"))
+        out["rows"] = o.indices.asnumpy().tolist()
+        out["dense"] = o.tostype("default").asnumpy().tolist()
+    elif case == "two_trainers":
+        net = gluon.nn.Dense(2, in_units=3)
+        net.initialize(mx.init.Constant(0.5))
+        params = net.collect_params()
+        trainers = [gluon.Trainer(params, "sgd", {"learning_rate": 0.1}, kvstore=kv)
+                    for _ in range(3)]
+        x = mx.nd.ones((1, 3)) * (rank + 1)
+        for tr in trainers:
+            with mx.autograd.record():
+                loss = net(x).sum()
+            loss.backward()
+            tr.step(1)
+        out["weight"] = net.weight.data().asnumpy().tolist()
+        out["bias"] = net.bias.data().asnumpy().tolist()
+    elif case in ("train_steps", "train_loop"):
+        # train_loop: pushes and pulls until killed; train_steps: 5 steps, then 3 s
+        # of other work; both print READY after the first step
+        kv.init(0, mx.nd.zeros((4,)))
+        g, w = mx.nd.ones((4,)), mx.nd.zeros((4,))
+        looping = case == "train_loop"
+        for step in range(100000 if looping else 5):
+            kv.push(0, g)
+            kv.pull(0, out=w)
+            w.wait_to_read()
+            if step == 0:
+                print("READY rank %d pid %d" % (rank, os.getpid()), flush=True)
+            if looping:
+                time.sleep(0.01)
+        time.sleep(3)
+        out["w"] = w.asnumpy().tolist()
+    mx.nd.waitall()
+    return out
+
+
+for case in args.case.split(","):
+    print("RESULT " + json.dumps(run_case(case)), flush=True)

@@ -42,7 +42,7 @@ exact = True
 issued_per_step = None
 alloc_after_first = None
 for step in range(6):
-    before = kv._stream.info()[0]
+    before = kv.stream.info()[0]
     arrays = {}
     for name, shape, dtype in CASES:
         ctx = mx.cpu_pinned() if name == "pinned" else mx.cpu()
@@ -56,7 +56,7 @@ for step in range(6):
         exact &= np.array_equal(arrays[name].asnumpy(), total(shape, dtype, step))
     exact &= np.array_equal(out.asnumpy(), total((5000,), "float32", step))
     exact &= np.array_equal(b.asnumpy(), value((4000,), "float32", step) - 10 * R)
-    issued = kv._stream.info()[0] - before
+    issued = kv.stream.info()[0] - before
     if step == 0:
         issued_per_step = issued
         alloc_after_first = kv._staging.stats()["allocations"]

@@ -2,12 +2,14 @@
 a gate holds back the first layer's gradient; the last layer's gradient must
 be fully allreduced while the gate is still closed (backprop not finished).
 
-The order comes from the communication timeline (MXNET_MPI_TIMELINE, set by
-the test): collectives sorted by the time they were pushed."""
+The order comes from the communication timeline (MXNET_MPI_TIMELINE, or
+started here when it is unset, writing to the path given as argument):
+collectives sorted by the time they were pushed."""
 
 import json
 import os
 import re
+import sys
 import threading
 
 import mxnet as mx
@@ -59,6 +61,9 @@ class Net(gluon.Block):
         return x
 
 
+TRACE = os.environ.get("MXNET_MPI_TIMELINE") or sys.argv[1]
+if not os.environ.get("MXNET_MPI_TIMELINE"):
+    mxnet_mpi.timeline.start()
 net = Net()
 net.initialize()
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore="mpi")
@@ -69,7 +74,7 @@ with autograd.record():
 loss.backward()
 trainer.step(1)
 mx.nd.waitall()
-trace = mxnet_mpi.timeline.dump(os.environ["MXNET_MPI_TIMELINE"], mxnet_mpi.rank())
+trace = mxnet_mpi.timeline.dump(TRACE, mxnet_mpi.rank())
 with open(trace) as f:
     events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "collective"]
 issued = []
@@ -91,3 +96,5 @@ waiter.join(20)
 print("LAST_REDUCED_WHILE_GATE_CLOSED", not waiter.is_alive())
 GATE.set()
 mx.nd.waitall()
+if not os.environ.get("MXNET_MPI_TIMELINE"):
+    mxnet_mpi.timeline.stop()

@@ -1,0 +1,118 @@
+"""What a Gluon Trainer and a Module need from a store beyond KVStoreBase's
+calls: initial weights from rank 0 (deferred ones at the first forward), the
+gradient reduction of a step in readiness order, the batch-size agreement,
+and the parameter names and call context printed in messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+from .batch_sizes import BatchSizes
+from .keys import Key
+
+
+def on_deferred_init(param, fn) -> None:
+    """Call fn(arrays) once the deferred-init Gluon `param` gets its arrays
+    (during the first forward, before any op reads them)."""
+    init_impl = param._init_impl
+
+    def hooked(data, ctx_list):
+        init_impl(data, ctx_list)
+        del param._init_impl  # back to the class method
+        fn(param._check_and_get(param._data, list))
+
+    param._init_impl = hooked
+
+
+class FrameworkGlue:
+    """The Trainer and Module side of MPIKVStore (a part of it: it uses the
+    store's calls, plan and stream)."""
+
+    @contextlib.contextmanager
+    def serving(self, what: str | None):
+        """Collectives pushed inside the block say what they are for (`what`,
+        e.g. "Module.update 3: gradient allreduce"): their mismatch, token and
+        stall messages print it."""
+        before = self._context
+        self._context = what.encode() if what else None
+        try:
+            yield
+        finally:
+            self._context = before
+
+    def name_keys(self, names: dict) -> None:
+        """Key -> parameter name, printed in messages about the key's collectives."""
+        for key, name in names.items():
+            self._keys.set_name(key, name)
+
+    def batch_agreement(self, batch_size, what: str | None = None) -> BatchSizes:
+        """Push the allreduce of this rank's `batch_size` over every worker of
+        the store (collective); read the result with .mean() or .total()
+        (docs/store.md, "Batch sizes")."""
+        self._usable()
+        if self._batch_sizes is None:
+            self._batch_sizes = BatchSizes()
+        return self._batch_sizes.push(self._workers_stream(), batch_size,
+                                      what.encode() if what else self._context)
+
+    def _workers_stream(self):
+        """The stream over every worker (num_workers) of the store."""
+        return self._stream
+
+    def sync_initial_params(self, params: Sequence) -> None:
+        """Broadcast initial values of Gluon `params` from rank 0 now, and of
+        deferred-init ones as soon as their shapes are known (first forward),
+        so every rank computes its first gradient on the same weights."""
+        self.name_keys({idx: p.name for idx, p in enumerate(params)})
+        keys, values, outs = [], [], []
+        for idx, param in enumerate(params):
+            if param._deferred_init:
+                on_deferred_init(param, lambda arrays, idx=idx: self._broadcast_deferred(
+                    idx, arrays))
+            else:
+                arrays = param._check_and_get(param._data, list)
+                keys.append(idx)
+                values.append(arrays[0])
+                outs.append(arrays)
+        if keys:
+            with self.serving("Trainer init: broadcast of initial weights"):
+                self.broadcast(keys, values, out=outs)
+
+    def _broadcast_deferred(self, key: Key, arrays: list) -> None:
+        with self.serving("first forward before Trainer.step %d: broadcast of deferred-init "
+                          "weights" % (self._reductions + 1)):
+            self.broadcast(key, arrays[0], out=arrays)
+
+    def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
+                         what: str | None = None) -> BatchSizes | None:
+        """Trainer's gradient reduction, issued last parameter first: backprop
+        makes gradients ready from the output layer back, so collectives follow
+        readiness instead of waiting for the input layer. Built once, then one
+        native call per step while the gradient arrays stay the same.
+
+        With `batch_size`, the batch sizes are summed too (on the first
+        collective that can carry them, or one of their own pushed first):
+        returns them, for the rule's mean. `what` names the call in messages."""
+        self._usable()
+        self._reductions += 1
+        context = what.encode() if what else None
+        if self._updater is None and not update_on_kvstore \
+                and self._plan.push(params, batch_size, context):
+            return self._plan.batch_sizes if batch_size is not None else None
+        agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
+        groups = []
+        for i in reversed(range(len(params))):
+            param = params[i]
+            if param.grad_req == "null":
+                continue
+            out = param.list_data() if update_on_kvstore else None
+            groups.append((i, param.list_grad(), out))
+        with self.serving(what):
+            if self._updater is not None:
+                for k, grads, out in groups:
+                    self.pushpull(k, grads, out=out, priority=-k)
+            else:
+                self._reduce(groups, lambda k: -k)
+        return agreed

@@ -1,0 +1,75 @@
+"""The package's import graph stays layered: no cycles, and no module imports
+from a layer above its own (lazy imports inside functions included). A new
+module must be given its layer here."""
+
+from __future__ import annotations
+
+import ast
+
+from mpirun import ROOT
+
+PACKAGE = ROOT / "mxnet_mpi"
+
+# Lowest first: settings, errors and the transport defaults; the native library and the MPI world;
+# collectives and what builds on them alone; the embedding modes; the stores;
+# what is built on the stores (framework patches, hybrid stores, launcher,
+# runner, Horovod API, SyncBatchNorm) and the package itself.
+LAYERS = [
+    {"errors", "settings", "transport"},
+    {"_native", "timeline", "world"},
+    {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "device_meeting",
+     "server_keys"},
+    {"modes", "trainer_plan"},
+    {"kvstore", "store_calls", "store_glue", "stores", "consistency"},
+    {"mxnet_patches", "hybrid", "hybrid_routing", "hybrid_dense", "hybrid_sparse",
+     "pslite_client", "launch", "runner", "horovod", "syncbn", "__init__", "__main__"},
+]
+LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+
+
+def imports_of(path) -> set:
+    """Package modules that `path` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 1:
+            names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+        elif node.level == 0 and node.module and node.module.split(".")[0] == "mxnet_mpi":
+            parts = node.module.split(".")
+            names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if (PACKAGE / (n + ".py")).exists())
+    return found
+
+
+def graph() -> dict:
+    return {p.stem: imports_of(p) for p in PACKAGE.glob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    assert set(graph()) - set(LAYER) == set(), "give new modules a layer in LAYERS"
+
+
+def test_no_import_from_a_layer_above():
+    bad = ["%s (layer %d) imports %s (layer %d)" % (m, LAYER[m], d, LAYER[d])
+           for m, deps in sorted(graph().items()) for d in sorted(deps) if LAYER[d] > LAYER[m]]
+    assert bad == []
+
+
+def test_no_import_cycles():
+    g = graph()
+    state: dict = {}
+
+    def visit(m, path):
+        if state.get(m) == "done":
+            return
+        assert state.get(m) != "open", "import cycle: " + " -> ".join(path + [m])
+        state[m] = "open"
+        for d in sorted(g[m]):
+            visit(d, path + [m])
+        state[m] = "done"
+
+    for m in sorted(g):
+        visit(m, [])
