@@ -6,6 +6,14 @@ NP ?= 2
 # Open MPI refuses to run as root without these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# Open MPI transport defaults (mxnet_mpi/transport.py, which `import mxnet_mpi`
+# applies too): 4 TCP connections per peer. A value set in the environment or
+# on the command line wins; MXNET_MPI_TRANSPORT_DEFAULTS=0 turns them off.
+ifneq ($(filter 0 false no off,$(MXNET_MPI_TRANSPORT_DEFAULTS)),)
+else
+OMPI_MCA_btl_tcp_links ?= 4
+export OMPI_MCA_btl_tcp_links
+endif
 
 .PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \
 	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check

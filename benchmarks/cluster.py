@@ -1,11 +1,19 @@
-"""Overlap and scaling on a cluster in a box: 2 hosts x 1 rank over shaped links.
+"""Overlap and scaling on a cluster in a box: N hosts x 1 rank over shaped links.
 
-    .venv/bin/python benchmarks/cluster.py [--quick] [--outdir benchmarks/results]
+    .venv/bin/python benchmarks/cluster.py [--quick] [--hosts 2] [--outdir benchmarks/results]
 
-Needs root (network namespaces, see mxnet_mpi/testing/netns.py). Three
-"hosts" share one bridge: ranks on hosts 0 and 1, the ps-lite scheduler and
-server on host 2; every host's link is shaped with tbf to the same rate, so a
-transfer takes wall time without taking CPU (unlike loopback).
+Needs root (network namespaces, see mxnet_mpi/testing/netns.py). N + 1
+"hosts" share one bridge: one rank on each of hosts 0..N-1, the ps-lite
+scheduler and server on host N; every host's link is shaped with tbf to the
+same rate, so a transfer takes wall time without taking CPU (unlike loopback).
+Each rank host runs on cores of its own (``--bind cores``, the default: a
+cpuset per host, Open MPI's binding off), as separate machines would; the
+compute-only row's CPU time / wall time shows whether each rank had a core.
+
+0. Before the rows of each link: the link check (benchmarks/linkcheck.py),
+   printed and written to linkcheck.csv: a plain TCP stream's rate and round
+   trip, an MPI round trip, a raw MPI allreduce of the gradients against the
+   wire time, with Open MPI's defaults and with mxnet_mpi's.
 
 1. Calibrate on an unshaped link: compute time per step and gradient bytes.
 2. Pick link rates so that communication is about 0.5x, 1x and 2x compute:
@@ -20,11 +28,17 @@ transfer takes wall time without taking CPU (unlike loopback).
    wire, its comm-only time in the note); Horovod 0.28.1
    DistributedTrainer when importable (else a skipped row; it runs with oneDNN
    off, which it needs, and its note gives its own compute time); ps-lite
-   ``dist_sync`` with its server on host 2.
+   ``dist_sync`` with its server on host N, and with more than 2 hosts (or
+   ``--server-per-host``) ``dist_sync 1/host``: one server on each worker's
+   host.
 
 Writes cluster.csv (link_gbit, store, ms_per_step, compute_ms, comm_ms,
-bound_overlap_ms = max(compute, comm), bound_serial_ms = compute + comm,
-vs_bound = ms_per_step / bound_overlap_ms, vs_no_overlap) and cluster.png.
+grad_MB, hosts, wire_ms = the ring's time on the wire, cpu_per_wall = a
+rank's CPU time / wall time in that row (mean over ranks), bound_overlap_ms =
+max(compute, comm), bound_serial_ms = compute + comm, vs_bound = ms_per_step /
+bound_overlap_ms, vs_no_overlap), cluster.png, linkcheck.csv and cluster.json
+(the run's conditions: machine, date, binding, load average, transport
+settings).
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import argparse
 import csv
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -41,6 +56,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from linkcheck import check_link, print_check, wire_ms  # noqa: E402
 
 MODES = ("chained", "funneled", "concurrent")
 
@@ -56,6 +74,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rates", help="link rates in Gbit/s (skips the calibration choice)")
     ap.add_argument("--chunk-bytes", type=int,
                     help="MXNET_MPI_CHUNK_BYTES for our stores (default: the product's)")
+    ap.add_argument("--hosts", type=int, default=2, help="hosts with one rank each")
+    ap.add_argument("--bind", choices=("cores", "none"), default="cores",
+                    help="cores: a cpuset per rank host (default); none: share all cores")
+    ap.add_argument("--no-linkcheck", action="store_true", help="skip the link check")
+    ap.add_argument("--server-per-host", action="store_true",
+                    help="also dist_sync with one server per host (always with > 2 hosts)")
     ap.add_argument("--outdir", default=str(HERE / "results"))
     ap.add_argument("--worker", choices=("pslite", "horovod"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
@@ -119,8 +143,9 @@ def peer_worker(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------- driver
 def overlap_run(cluster, args: argparse.Namespace, out_json: Path, steps: int,
                 warmup: int) -> dict:
-    """benchmarks/overlap.py's worker on hosts 0 and 1 (one rank each)."""
-    cmd = cluster.mpirun(2, [sys.executable, str(HERE / "overlap.py"), "--model", args.model,
+    """benchmarks/overlap.py's worker on hosts 0..N-1 (one rank each)."""
+    cmd = cluster.mpirun(args.hosts, [sys.executable, str(HERE / "overlap.py"), "--model",
+                                      args.model,
                              "--image-size", str(args.image_size), "--batch", str(args.batch),
                              "--steps", str(steps), "--warmup", str(warmup),
                              "--worker-json", str(out_json), "--fp16"], per_host=1)
@@ -138,16 +163,21 @@ def job_env(cluster, chunk_bytes: int | None = None) -> dict:
     return env
 
 
-def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> dict:
-    """dist_sync: scheduler and server on host 2, one worker on each of hosts 0, 1."""
+def pslite_run(cluster, args: argparse.Namespace, out_json: Path,
+               server_per_host: bool = False) -> dict:
+    """dist_sync: one worker on each of hosts 0..N-1; the scheduler on host N,
+    and one server on host N or (`server_per_host`) one on each worker's host."""
     from mxnet_mpi.launch import free_port
 
     env = job_env(cluster)
-    dmlc = {"DMLC_PS_ROOT_URI": cluster.addrs[2], "DMLC_PS_ROOT_PORT": str(free_port()),
-            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", "PS_VERBOSE": "0"}
+    ps = args.hosts
+    servers = list(range(args.hosts)) if server_per_host else [ps]
+    dmlc = {"DMLC_PS_ROOT_URI": cluster.addrs[ps], "DMLC_PS_ROOT_PORT": str(free_port()),
+            "DMLC_NUM_SERVER": str(len(servers)), "DMLC_NUM_WORKER": str(args.hosts),
+            "PS_VERBOSE": "0"}
     procs, workers = [], []
     try:
-        for host, role in ((2, "scheduler"), (2, "server")):
+        for host, role in [(ps, "scheduler")] + [(h, "server") for h in servers]:
             procs.append(subprocess.Popen(
                 cluster.exec_cmd(host, [sys.executable, "-c", "import mxnet"]),
                 env={**env, **dmlc, "DMLC_ROLE": role, "DMLC_NODE_HOST": cluster.addrs[host]},
@@ -158,7 +188,7 @@ def pslite_run(cluster, args: argparse.Namespace, out_json: Path) -> dict:
                                  "--image-size", str(args.image_size), "--batch",
                                  str(args.batch), "--steps", str(args.steps)]),
             env={**env, **dmlc, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": cluster.addrs[h]},
-            cwd=str(ROOT)) for h in (0, 1)]
+            cwd=str(ROOT)) for h in range(args.hosts)]
         for w in workers:
             if w.wait(timeout=600) != 0:
                 raise RuntimeError("dist_sync worker failed")
@@ -176,7 +206,8 @@ def horovod_run(cluster, args: argparse.Namespace, out_json: Path) -> dict | Non
     probe = subprocess.run([sys.executable, "-c", "import horovod.mxnet"], capture_output=True)
     if probe.returncode != 0:
         return None
-    cmd = cluster.mpirun(2, [sys.executable, __file__, "--worker", "horovod", "--worker-json",
+    cmd = cluster.mpirun(args.hosts, [sys.executable, __file__, "--worker", "horovod",
+                                      "--worker-json",
                              str(out_json), "--model", args.model, "--image-size",
                              str(args.image_size), "--batch", str(args.batch),
                              "--steps", str(args.steps)], per_host=1)
@@ -188,17 +219,30 @@ def horovod_run(cluster, args: argparse.Namespace, out_json: Path) -> dict | Non
     return json.loads(out_json.read_text())
 
 
-def choose_rates(grad_bytes: int, compute_s: float, ratios: list) -> list:
-    """Link rates (Gbit/s, 2 significant digits) at which a 2-rank allreduce of
-    `grad_bytes` takes `ratio` x `compute_s`."""
+def choose_rates(grad_bytes: int, compute_s: float, ratios: list, hosts: int = 2) -> list:
+    """Link rates (Gbit/s, 2 significant digits) at which a ring allreduce of
+    `grad_bytes` over `hosts` ranks takes `ratio` x `compute_s` on the wire."""
     out = []
     for k in ratios:
-        gbit = grad_bytes * 8 / (k * compute_s) / 1e9
+        gbit = wire_ms(grad_bytes, 1.0, hosts) / 1e3 / (k * compute_s)
         out.append(float("%.2g" % gbit))
     return out
 
 
+def loadavg() -> str:
+    """This machine's 1-minute load average, as text."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+def mean(xs: list) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def drive(args: argparse.Namespace) -> None:
+    from mxnet_mpi import transport
     from mxnet_mpi.modes import DEFAULT_MODE
     from mxnet_mpi.testing import netns
 
@@ -209,43 +253,71 @@ def drive(args: argparse.Namespace) -> None:
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    rows = []
-    with netns.NetnsCluster(3) as cluster:
+    rows, checks, loads = [], [], [loadavg()]
+    cpus = netns.own_cores(args.hosts) + [None] if args.bind == "cores" else None
+    with netns.NetnsCluster(args.hosts + 1, cpus=cpus) as cluster:
+        binding = cluster.binding()
+        print("binding: %s; transport: %s; load average %s"
+              % (binding, transport.describe(cluster.env()), loads[0]), flush=True)
+        grad_bytes = None
         if args.rates:
             rates = [float(r) for r in args.rates.split(",")]
             calib = None
         else:
             calib = overlap_run(cluster, args, outdir / "cluster_calib.json", steps=2, warmup=1)
             compute = calib["times"]["compute"]
-            rates = choose_rates(calib["grad_bytes"], compute,
-                                 [float(r) for r in args.ratios.split(",")])
-            print("calibration (unshaped link): compute %.0f ms/step, %.1f MB of gradients; "
-                  "link rates for comm/compute = %s: %s Gbit/s"
-                  % (compute * 1e3, calib["grad_bytes"] / 2**20, args.ratios, rates), flush=True)
+            grad_bytes = calib["grad_bytes"]
+            rates = choose_rates(grad_bytes, compute,
+                                 [float(r) for r in args.ratios.split(",")], args.hosts)
+            print("calibration (unshaped link): compute %.0f ms/step (CPU/wall per rank %s), "
+                  "%.1f MB of gradients; link rates for comm/compute = %s: %s Gbit/s"
+                  % (compute * 1e3, fmt_cpu(calib, "compute"), grad_bytes / 2**20,
+                     args.ratios, rates), flush=True)
+
+        def link_check(rate: float, nbytes: int) -> None:
+            if args.no_linkcheck:
+                return
+            row = check_link(cluster, rate, nbytes, outdir)
+            row["load"] = loadavg()
+            print_check(row)
+            checks.append(row)
+
         for rate in rates:
             for h in range(cluster.n):
                 cluster.shape(h, rate_gbit=rate)
+            if grad_bytes:
+                link_check(rate, grad_bytes)
+            loads.append(loadavg())
             res = overlap_run(cluster, args, outdir / ("cluster_%g.json" % rate),
                               steps=args.steps, warmup=args.warmup)
+            if not grad_bytes:
+                grad_bytes = res["grad_bytes"]
+                link_check(rate, grad_bytes)
             t = res["times"]
             default = DEFAULT_MODE
             compute, comm = t["compute"], t["comm_" + default]
+            wire = wire_ms(res["grad_bytes"], rate, args.hosts)
 
             def row(store, secs, skipped=False, rate=rate, compute=compute, comm=comm,
-                    res=res, note=""):
+                    res=res, note="", cpu=None, wire=wire):
                 rows.append({"link_gbit": rate, "store": store,
                              "ms_per_step": None if skipped else secs * 1e3,
                              "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
-                             "grad_MB": res["grad_bytes"] / 2**20,
+                             "grad_MB": res["grad_bytes"] / 2**20, "hosts": args.hosts,
+                             "wire_ms": wire,
+                             "cpu_per_wall": mean(res.get("cpu_per_wall", {}).get(cpu, [])),
                              "chunk_bytes": args.chunk_bytes or "default", "note": note})
-            row("compute only", compute)
-            row("comm only", comm)
-            row("no overlap", t["baseline"])
-            row("mpi", t[default])
+            row("compute only", compute, cpu="compute",
+                note="CPU/wall per rank %s; %s; load average %s"
+                % (fmt_cpu(res, "compute"), binding, loads[-1]))
+            row("comm only", comm, cpu="comm_" + default,
+                note="default mode (%s); %.2fx the wire time" % (default, comm * 1e3 / wire))
+            row("no overlap", t["baseline"], cpu="baseline")
+            row("mpi", t[default], cpu=default)
             for m in MODES:
                 if m != default:
-                    row("mpi_" + m, t[m])
-            row("mpi fp16", t["fp16"],
+                    row("mpi_" + m, t[m], cpu=m)
+            row("mpi fp16", t["fp16"], cpu="fp16",
                 note="compression fp16: %.1f MB on the wire, comm only %.0f ms"
                 % (res["grad_bytes"] / 2 / 2**20, t["comm_fp16"] * 1e3))
             hv = horovod_run(cluster, args, outdir / ("cluster_hvd_%g.json" % rate))
@@ -255,11 +327,39 @@ def drive(args: argparse.Namespace) -> None:
                 row("horovod", hv["step"], note="oneDNN off; its compute-only: %.0f ms"
                     % (hv["compute"] * 1e3))
             ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
-            row("dist_sync", ps["step"], note="server on host 2")
+            row("dist_sync", ps["step"], note="server on host %d" % args.hosts)
+            if args.hosts > 2 or args.server_per_host:
+                ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate), True)
+                row("dist_sync 1/host", ps["step"], note="one server on each worker's host")
             print("link %g Gbit/s done (%.0f s so far)" % (rate, time.time() - t_start),
                   flush=True)
+    loads.append(loadavg())
+    meta = {"note": "%s; %d hosts x 1 rank; %s; transport %s; machine %s (%d cores, shared "
+                    "with other work); load average %s"
+                    % (time.strftime("%Y-%m-%d", time.gmtime(t_start)), args.hosts, binding,
+                       transport.describe(), platform.node(), os.cpu_count(),
+                       "-".join(loads)),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+            "machine": "%s, %d cores" % (platform.node(), os.cpu_count()),
+            "binding": binding, "load_average": loads, "transport": transport.describe(),
+            "model": args.model, "hosts": args.hosts, "batch": args.batch,
+            "image_size": args.image_size, "steps": args.steps, "quick": args.quick,
+            "seconds": round(time.time() - t_start)}
+    (outdir / "cluster.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if checks:
+        with open(outdir / "linkcheck.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(checks[0]))
+            w.writeheader()
+            w.writerows(checks)
+        for c in checks:
+            print_check(c)
     write_outputs(rows, outdir, args, calib)
     print("total %.0f s" % (time.time() - t_start))
+
+
+def fmt_cpu(res: dict, name: str) -> str:
+    vals = res.get("cpu_per_wall", {}).get(name)
+    return "/".join("%.2f" % v for v in vals) if vals else "?"
 
 
 def write_outputs(rows: list, outdir: Path, args: argparse.Namespace, calib: dict | None
@@ -276,20 +376,22 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace, calib: dic
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print("\n%s, 2 hosts x 1 rank, batch %d/rank, %dx%d images, %.1f MB of gradients%s"
-          % (args.model, args.batch, args.image_size, args.image_size, rows[0]["grad_MB"],
+    print("\n%s, %d hosts x 1 rank, batch %d/rank, %dx%d images, %.1f MB of gradients%s"
+          % (args.model, args.hosts, args.batch, args.image_size, args.image_size,
+             rows[0]["grad_MB"],
              "" if calib is None else ", calibration compute %.0f ms"
              % (calib["times"]["compute"] * 1e3)))
-    print("%9s %-13s %9s %9s %9s %12s %11s %9s %13s  %s" % (
-        "link Gb/s", "store", "ms/step", "compute", "comm", "max(c,comm)", "c+comm",
-        "vs max", "no-overlap/x", "note"))
+    print("%9s %-13s %9s %9s %9s %7s %12s %11s %9s %13s %8s  %s" % (
+        "link Gb/s", "store", "ms/step", "compute", "comm", "wire", "max(c,comm)", "c+comm",
+        "vs max", "no-overlap/x", "CPU/wall", "note"))
     for r in rows:
         step = "skipped" if r["ms_per_step"] is None else "%.0f" % r["ms_per_step"]
         vs = "" if r["vs_bound"] is None else "%.2f" % r["vs_bound"]
         sp = "" if r["vs_no_overlap"] is None else "%.2f" % r["vs_no_overlap"]
-        print("%9g %-13s %9s %9.0f %9.0f %12.0f %11.0f %9s %13s  %s" % (
-            r["link_gbit"], r["store"], step, r["compute_ms"], r["comm_ms"],
-            r["bound_overlap_ms"], r["bound_serial_ms"], vs, sp, r["note"]))
+        cpu = "" if r["cpu_per_wall"] is None else "%.2f" % r["cpu_per_wall"]
+        print("%9g %-13s %9s %9.0f %9.0f %7.0f %12.0f %11.0f %9s %13s %8s  %s" % (
+            r["link_gbit"], r["store"], step, r["compute_ms"], r["comm_ms"], r["wire_ms"],
+            r["bound_overlap_ms"], r["bound_serial_ms"], vs, sp, cpu, r["note"]))
     plot(rows, outdir, args)
     print("\nwrote %s and %s" % (outdir / "cluster.csv", outdir / "cluster.png"))
 
@@ -316,7 +418,8 @@ def plot(rows: list, outdir: Path, args: argparse.Namespace) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("link rate per host (Gbit/s, tbf-shaped veth)")
     ax.set_ylabel("ms per step (lower is better)")
-    ax.set_title("%s, 2 hosts x 1 rank: step time vs the overlap bounds" % args.model)
+    ax.set_title("%s, %d hosts x 1 rank: step time vs the overlap bounds"
+                 % (args.model, args.hosts))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(outdir / "cluster.png", dpi=110)

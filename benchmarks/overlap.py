@@ -92,22 +92,26 @@ def worker(args: argparse.Namespace) -> None:
             out = probe_out.setdefault("o", mx.nd.zeros(g0.shape))
             probe_kv.pushpull("probe", g0, out=out)
 
-    def timed(step_fn, name: str = "") -> float:
+    cpu = {}   # config -> this process's CPU time / wall time over its timed steps
+
+    def timed(step_fn, name: str) -> float:
         for _ in range(args.warmup):
             step_fn()
             mx.nd.waitall()
         stores["chained"].pushpull("barrier", mx.nd.zeros((1,)))
         mx.nd.waitall()
-        t0, w0 = time.perf_counter(), time.time() * 1e6
+        t0, w0, c0 = time.perf_counter(), time.time() * 1e6, time.process_time()
         for _ in range(args.steps):
             step_fn()
         mx.nd.waitall()
+        wall = time.perf_counter() - t0
+        cpu[name] = (time.process_time() - c0) / wall
         windows[name] = (w0, time.time() * 1e6)
-        return (time.perf_counter() - t0) / args.steps
+        return wall / args.steps
 
     results = {}
     local = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3}, kvstore=None)
-    results["compute"] = timed(lambda: (fwd_bwd(), local.step(args.batch)))
+    results["compute"] = timed(lambda: (fwd_bwd(), local.step(args.batch)), "compute")
 
     fwd_bwd()
     mx.nd.waitall()
@@ -118,7 +122,7 @@ def worker(args: argparse.Namespace) -> None:
             kv.pushpull("g%d" % i, grads[i], priority=-i)
 
     for m in MODES:
-        results["comm_" + m] = timed(lambda kv=stores[m]: allreduce_grads(kv))
+        results["comm_" + m] = timed(lambda kv=stores[m]: allreduce_grads(kv), "comm_" + m)
 
     def baseline():
         fwd_bwd(probe=True)
@@ -140,15 +144,25 @@ def worker(args: argparse.Namespace) -> None:
         # the default store with fp16 on the wire: allreduce alone, then training
         kv16 = mx.kv.create("mpi")
         kv16.set_gradient_compression({"type": "fp16"})
-        results["comm_fp16"] = timed(lambda: allreduce_grads(kv16))
+        results["comm_fp16"] = timed(lambda: allreduce_grads(kv16), "comm_fp16")
         train("fp16", "mpi", compression_params={"type": "fp16"})
 
+    # Every rank's CPU/wall per configuration (a sum of one-hot vectors)
+    names = list(cpu)
+    size = mxnet_mpi.size()
+    mine = mx.nd.zeros((len(names) * size,))
+    for i, n in enumerate(names):
+        mine[i * size + rank] = cpu[n]
+    stores["chained"].pushpull("cpu", mine)
+    vals = mine.asnumpy().tolist()
+    cpu_all = {n: vals[i * size:(i + 1) * size] for i, n in enumerate(names)}
     nbytes = sum(p.grad().size * 4 for p in params)
     trace = timeline.dump(args.worker_json + ".trace.json", rank)
     hidden = comm_during_backprop(trace, windows)
     if rank == 0:
         with open(args.worker_json, "w") as f:
             json.dump({"times": results, "hidden": hidden, "grad_bytes": nbytes,
+                       "cpu_per_wall": cpu_all,
                        "nparams": len(params)}, f)
 
 

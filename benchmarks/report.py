@@ -579,13 +579,16 @@ def sec_cluster(ctx: Ctx) -> str | None:
            "both directions, so a transfer takes wall time without taking CPU (unlike "
            "loopback). The benchmark calibrates compute on an unshaped link and picks rates "
            "at which communication takes about 0.5x, 1x and 2x compute "
-           "(`BENCH_ARGS=--quick`: resnet18_v1, 2 timed steps). Rows: no overlap (backward, "
+           "(`BENCH_ARGS=--quick`: resnet18_v1, 2 timed steps; the note says how many were "
+           "run). Rows: no overlap (backward, "
            "wait, then allreduce); `mpi` (the default mode) and the other modes; `mpi fp16` "
            "(the default mode with `compression_params={'type': 'fp16'}`: half the bytes on "
            "the wire, its comm-only time in its note); Horovod's DistributedTrainer where "
            "installed; ps-lite `dist_sync` with its server on the third host. *vs max* is "
            "the step over max(compute, comm); *speed-up* is the no-overlap step over this "
-           "one. All hosts still share the machine's cores.", ""]
+           "one. How ranks sat on the machine's cores (a cpuset per host, or shared) is in "
+           "the note; "
+           "CPU/wall is a rank's CPU time over wall time in that row.", ""]
     if p:
         meta = read_meta(p)
         out += [measured(meta), ""]

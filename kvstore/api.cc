@@ -39,7 +39,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 
 namespace mxnet_mpi {
 namespace {
@@ -90,11 +90,12 @@ int AddComm(MPI_Comm comm) {
 // every member even if ranks created other stores in between.
 // Store settings as Python passes them (settings.py), clamped to what works.
 StoreOptions MakeOptions(int64_t fusion_bytes, int64_t small_bytes, int64_t chunk_bytes,
-                         int large_lanes, int cycle_us) {
+                         int64_t p2p_bytes, int large_lanes, int cycle_us) {
   StoreOptions o;
   o.fusion_bytes = std::max<int64_t>(0, fusion_bytes);
   o.small_bytes = std::max<int64_t>(0, small_bytes);
   o.chunk_bytes = std::max<int64_t>(4096, chunk_bytes);
+  o.p2p_bytes = std::max<int64_t>(0, p2p_bytes);
   o.large_lanes = std::max(1, large_lanes);
   o.cycle_us = std::max(0, cycle_us);
   return o;
@@ -366,7 +367,8 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
   g_world_rank = *rank;
   on_exit(&OnExit, nullptr);
   CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)",
-              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, large_lanes, cycle_us), &err);
+              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, 0, large_lanes, cycle_us),
+              &err);
   return err.empty() ? 0 : Fail(err);
 }
 
@@ -458,14 +460,14 @@ MXMPI_API int mxmpi_comm_free(int id) {
 
 // A store over communicator `comm` (collective over it); *out gets its id.
 MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t fusion_bytes,
-                                 int64_t small_bytes, int64_t chunk_bytes, int large_lanes,
-                                 int cycle_us, int* out) {
+                                 int64_t small_bytes, int64_t chunk_bytes, int64_t p2p_bytes,
+                                 int large_lanes, int cycle_us, int* out) {
   MXMPI_GUARD();
   if (kind < 0 || kind > 2) return Fail("mxnet_mpi: unknown store kind " + std::to_string(kind));
   MPI_Comm c = CommById(comm);
   if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
-  const StoreOptions o = MakeOptions(fusion_bytes, small_bytes, chunk_bytes, large_lanes,
-                                     cycle_us);
+  const StoreOptions o = MakeOptions(fusion_bytes, small_bytes, chunk_bytes, p2p_bytes,
+                                     large_lanes, cycle_us);
   std::string err;
   *out = CreateStore(static_cast<ExecKind>(kind), c, name ? name : "mpi", o, &err);
   return err.empty() ? 0 : Fail(err);

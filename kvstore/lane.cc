@@ -396,7 +396,10 @@ int Lane::RunOne(const std::vector<Request*>& cands, bool joined) {
   }
   const int64_t start = g_timeline_on ? NowUs() : 0;
   for (Request* r : a.unit.members) r->t_start = start;
-  const std::string err = RunUnit(cfg_.comm, &a.unit, &scratch_, cfg_.chunk_bytes);
+  Transfer t;
+  t.chunk_bytes = cfg_.chunk_bytes;
+  t.p2p_bytes = cfg_.p2p_bytes;
+  const std::string err = RunUnit(cfg_.comm, &a.unit, &scratch_, t);
   Finish(seqs, err);
   return a.n;
 }

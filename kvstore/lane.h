@@ -32,6 +32,7 @@ struct LaneConfig {
   bool fuse = false;           // fuse consecutive ready small allreduces
   int64_t fusion_bytes = 0;
   int64_t chunk_bytes = 1 << 20;
+  int64_t p2p_bytes = 0;      // allreduce chunks this big take our point-to-point allreduce (0: never)
   int max_fused = 64;
 };
 

@@ -3,10 +3,12 @@
 #include "mpi_ops.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <thread>
 
 #include "half.h"
 
@@ -194,22 +196,6 @@ int64_t ChunkElems(int64_t chunk_bytes, int esize) {
   return std::min<int64_t>(by_bytes, INT_MAX / 8);
 }
 
-// Sum (or min/max/product, by `flags`) of n elements over the communicator,
-// chunked; in == out means in place.
-std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
-                          int flags, int64_t chunk_bytes, const std::string& name) {
-  const int esize = DTypeSize(dtype);
-  const int64_t step = ChunkElems(chunk_bytes, esize);
-  for (int64_t off = 0; off < n; off += step) {
-    const int len = static_cast<int>(std::min(step, n - off));
-    char* o = static_cast<char*>(out) + off * esize;
-    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
-    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), ReduceOp(dtype, flags), comm);
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
-  }
-  return "";
-}
-
 // Blocks of n elements over p ranks: the first n % p ranks get one more.
 void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs) {
   counts->assign(p, 0);
@@ -220,6 +206,92 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
     (*displs)[r] = static_cast<int>(at);
     at += (*counts)[r];
   }
+}
+
+// Allreduce of n elements in place over point-to-point messages: each rank
+// owns one block; every rank sends each block to its owner (a reduce-scatter),
+// the owner reduces its block in rank order 0, 1, ..., p-1 and sends the
+// result to every rank (an allgather). The bytes each rank sends and receives
+// are a ring's, 2(p-1)/p x n. Every element is reduced once, in the same order
+// whatever the buffer's size or layout (fusion groups arrays by timing), and
+// copied to the others, so all ranks, and all runs, hold the same bits. The
+// waits sleep (WaitAllSleeping): Open MPI's blocking collectives poll, which
+// takes the core that backprop needs.
+std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int flags,
+                         Scratch* s, const std::string& name) {
+  int p = 1, me = 0;
+  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(comm, &me);
+  const int esize = DTypeSize(dtype);
+  const MPI_Datatype type = MpiType(dtype);
+  const MPI_Op op = ReduceOp(dtype, flags);
+  std::vector<int> counts, displs;
+  Blocks(n, p, &counts, &displs);
+  char* base = static_cast<char*>(buf);
+  auto at = [&](int b) { return base + static_cast<int64_t>(displs[b]) * esize; };
+  const size_t mine = static_cast<size_t>(counts[me]) * esize;
+  // every rank's copy of my block, by rank
+  char* parts = s->Get(&s->b, mine * p + 1);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * p);
+  int rc = MPI_SUCCESS;
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    reqs.emplace_back();
+    rc = MPI_Irecv(parts + r * mine, counts[me], type, r, 0, comm, &reqs.back());
+  }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    const int r = (me + k) % p;   // staggered, so that not every rank sends to rank 0 first
+    reqs.emplace_back();
+    rc = MPI_Isend(at(r), counts[r], type, r, 0, comm, &reqs.back());
+  }
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
+  std::memcpy(parts + me * mine, at(me), mine);
+  std::memcpy(at(me), parts, mine);
+  for (int r = 1; r < p; ++r) {   // acc = x_r (op) acc, r = 1..p-1
+    rc = MPI_Reduce_local(parts + r * mine, at(me), counts[me], type, op);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
+  }
+  reqs.clear();
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    reqs.emplace_back();
+    rc = MPI_Irecv(at(r), counts[r], type, r, 1, comm, &reqs.back());
+  }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    reqs.emplace_back();
+    rc = MPI_Isend(at(me), counts[me], type, (me + k) % p, 1, comm, &reqs.back());
+  }
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (allgather)", rc, name);
+  return "";
+}
+
+// Sum (or min/max/product, by `flags`) of n elements over the communicator,
+// chunked; in == out means in place.
+std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
+                          int flags, const Transfer& t, Scratch* s, const std::string& name) {
+  const int esize = DTypeSize(dtype);
+  const int64_t step = ChunkElems(t.chunk_bytes, esize);
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  for (int64_t off = 0; off < n; off += step) {
+    const int len = static_cast<int>(std::min(step, n - off));
+    char* o = static_cast<char*>(out) + off * esize;
+    if (t.p2p_bytes > 0 && p > 1 && static_cast<int64_t>(len) * esize >= t.p2p_bytes &&
+        len >= p) {
+      if (in != out) std::memcpy(o, static_cast<const char*>(in) + off * esize,
+                                 static_cast<size_t>(len) * esize);
+      const std::string err = P2pAllreduce(comm, o, len, dtype, flags, s, name);
+      if (!err.empty()) return err;
+      continue;
+    }
+    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
+    const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), ReduceOp(dtype, flags), comm);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
+  }
+  return "";
 }
 
 // fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
@@ -301,7 +373,7 @@ void Unpack(Unit* u, const char* buf, int esize) {
 }
 
 // ---------------------------------------------------------------- per kind
-std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) {
   const int esize = DTypeSize(u->dtype);
   const std::string name = Name(*u);
   const bool average = (u->flags & kAverage) != 0;
@@ -314,7 +386,7 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes
                            average ? u->active : 1, s, name);
     }
     std::string err = ReduceChunked(comm, part.in, part.out, part.count, u->dtype, u->flags,
-                                    chunk_bytes, name);
+                                    t, s, name);
     if (err.empty() && average) Divide(part.out, part.count, u->dtype, u->active);
     return err;
   }
@@ -330,8 +402,7 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes
   }
   char* buf = s->Get(&s->a, static_cast<size_t>(u->total) * esize);
   Pack(*u, buf, esize);
-  std::string err = ReduceChunked(comm, buf, buf, u->total, u->dtype, u->flags, chunk_bytes,
-                                  name);
+  std::string err = ReduceChunked(comm, buf, buf, u->total, u->dtype, u->flags, t, s, name);
   if (!err.empty() || u->joined) return err;
   if (average) Divide(buf, u->total, u->dtype, u->active);
   Unpack(u, buf, esize);
@@ -478,11 +549,25 @@ std::string RunReduceScatter(MPI_Comm comm, Unit* u, Scratch* s) {
 
 }  // namespace
 
-std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* s, int64_t chunk_bytes) {
+int WaitAllSleeping(int n, MPI_Request* reqs) {
+  const auto start = std::chrono::steady_clock::now();
+  auto nap = std::chrono::microseconds(10);
+  for (;;) {
+    int done = 0;
+    const int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    // a few microseconds of polling catch peers that are already there
+    if (std::chrono::steady_clock::now() - start < std::chrono::microseconds(20)) continue;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
+}
+
+std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) {
   if (u->total == 0 && u->op != OpKind::kAllgather && u->op != OpKind::kAlltoall) return "";
   switch (u->op) {
-    case OpKind::kAllreduce: return RunAllreduce(comm, u, s, chunk_bytes);
-    case OpKind::kBroadcast: return RunBroadcast(comm, u, s, chunk_bytes);
+    case OpKind::kAllreduce: return RunAllreduce(comm, u, s, t);
+    case OpKind::kBroadcast: return RunBroadcast(comm, u, s, t.chunk_bytes);
     case OpKind::kAllgather: return RunAllgather(comm, u, s);
     case OpKind::kAlltoall: return RunAlltoall(comm, u, s);
     case OpKind::kReduceScatter: return RunReduceScatter(comm, u, s);

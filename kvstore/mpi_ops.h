@@ -36,9 +36,22 @@ struct Scratch {
   }
 };
 
+// How a lane moves large arrays (the policy is the Python side's).
+struct Transfer {
+  int64_t chunk_bytes = 1 << 20;  // one chunk after another, at most this big
+  // Allreduce chunks of at least this many bytes take our allreduce over
+  // point-to-point messages (waits that sleep) instead of MPI_Allreduce; 0: never.
+  int64_t p2p_bytes = 0;
+};
+
 // Runs the data phase of `u` over `comm`; "" or an error. Large arrays move in
-// chunks of `chunk_bytes` (blocking calls, one chunk after another).
-std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* scratch, int64_t chunk_bytes);
+// chunks (blocking calls, or point-to-point, one chunk after another).
+std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* scratch, const Transfer& t);
+
+// Waits for `n` non-blocking requests without holding a core: tests, then
+// sleeps between tests (10 us, doubling up to 200 us), so that a wait on the
+// network leaves the core to compute.
+int WaitAllSleeping(int n, MPI_Request* reqs);
 
 MPI_Datatype MpiType(int dtype);
 std::string MpiError(const char* what, int code, const std::string& name);

@@ -74,6 +74,7 @@ Store::Store(int id, ExecKind kind, MPI_Comm comm, const std::string& name,
   base.store = name_;
   base.fusion_bytes = options_.fusion_bytes;
   base.chunk_bytes = options_.chunk_bytes;
+  base.p2p_bytes = options_.p2p_bytes;
   switch (kind_) {
     case ExecKind::kChained: {
       LaneConfig c = base;

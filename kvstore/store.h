@@ -35,6 +35,7 @@ struct StoreOptions {
   int64_t fusion_bytes = 0;   // fuse allreduces up to this many bytes
   int64_t small_bytes = 0;    // concurrent: arrays up to this go to the small lane
   int64_t chunk_bytes = 0;    // large arrays move in chunks of this size
+  int64_t p2p_bytes = 0;      // allreduce chunks this big take our point-to-point allreduce
   int large_lanes = 1;        // concurrent: lanes for large arrays
   int cycle_us = 0;           // funneled: pause after a cycle that agreed on nothing
 };

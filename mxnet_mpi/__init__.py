@@ -27,6 +27,10 @@ def _launcher_only() -> bool:
 
 
 if not _launcher_only():
+    from . import transport
+
+    transport.apply()   # Open MPI's transport defaults, before MPI is initialised
+
     from . import hybrid, mxnet_patches, ops, stores
     from .collectives import SUPPORTED_DTYPES
     from .consistency import check_consistency

@@ -138,7 +138,8 @@ class Stream:
         opts = {**settings.store_options(), **options}
         _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
                                              opts["small_bytes"], opts["chunk_bytes"],
-                                             opts["large_lanes"], opts["cycle_us"],
+                                             opts.get("p2p_bytes", 0), opts["large_lanes"],
+                                             opts["cycle_us"],
                                              ctypes.byref(out)))
         self.id = out.value
         self._closed = False

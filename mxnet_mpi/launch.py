@@ -47,6 +47,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import transport
 from .launch_watch import RankWatch
 from .report import ENV as REPORT_ENV
 from .routes import ROUTES, expected_ps_workers
@@ -329,6 +330,7 @@ def job_env(args: argparse.Namespace, report_to: str | None = None) -> tuple:
     """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    transport.apply(env)   # Open MPI's transport defaults, unless the user set them
     exported = {"MXNET_MPI_HYBRID_ROUTE": args.route}
     if report_to:
         exported[REPORT_ENV] = report_to

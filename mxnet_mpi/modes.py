@@ -26,7 +26,7 @@ import warnings
 from . import _native, settings
 from .collectives import Stream
 from .errors import MPIKVStoreError
-from .world import THREAD_MULTIPLE, Communicator, thread_level
+from .world import THREAD_MULTIPLE, Communicator, local_size, thread_level, world
 
 MODES = ("chained", "funneled", "concurrent")
 # Chosen from benchmarks/overlap.py, overhead.py and cluster.py (README "Modes").
@@ -62,6 +62,37 @@ def stream_options() -> dict:
     return settings.store_options()
 
 
+def spans_hosts(comm: Communicator) -> bool:
+    """Whether `comm` has members on more than one host (judged from the world:
+    a communicator larger than this host's share of the world must span hosts,
+    and the world does when its ranks are not all on this host)."""
+    w = world()
+    if w.size == local_size():
+        return False
+    return comm.id == w.id or comm.size > local_size()
+
+
+# Across hosts, allreduces take the store's own allreduce over point-to-point
+# messages (reduce-scatter to block owners, then allgather; waits that sleep):
+# Open MPI's blocking collectives poll while the network works, taking the
+# core that backprop needs (0.3-0.9 of a core per rank at 0.3-1.1 Gbit/s), and
+# its non-blocking ones ran at 2x the wire time. On one host (shared memory)
+# MPI's own allreduce is faster. Every allreduce takes it (threshold 1 byte),
+# not only large ones: it reduces each element in rank order whatever the
+# buffer's size and layout, while MPI_Allreduce's order depends on the size
+# (its algorithm) and fusion groups arrays by timing; mixing the two would make
+# sums over 3 or more ranks differ in the last bit from run to run.
+P2P_ACROSS_HOSTS = 1
+
+
+def p2p_bytes(comm: Communicator) -> int:
+    """The point-to-point threshold for a store over `comm`: MXNET_MPI_P2P_BYTES
+    if set, else P2P_ACROSS_HOSTS across hosts and 0 (never) on one host."""
+    if settings.is_set("MXNET_MPI_P2P_BYTES"):
+        return int(settings.get("MXNET_MPI_P2P_BYTES"))
+    return P2P_ACROSS_HOSTS if spans_hosts(comm) else 0
+
+
 def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
     """A native stream running `mode` over a private duplicate of `comm`
     (collective over it)."""
@@ -69,4 +100,4 @@ def create_stream(mode: str, comm: Communicator, name: str) -> Stream:
         raise MPIKVStoreError(
             "mode '%s' needs MPI_THREAD_MULTIPLE but this MPI provides thread level %d; use "
             "mode 'chained' (MXNET_MPI_MODE)" % (mode, thread_level()))
-    return Stream(_KINDS[mode], comm, name, **stream_options())
+    return Stream(_KINDS[mode], comm, name, p2p_bytes=p2p_bytes(comm), **stream_options())

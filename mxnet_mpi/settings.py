@@ -16,7 +16,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MPIKVStoreError
+
+def _bad(message: str) -> Exception:
+    """An MPIKVStoreError, imported only when a value is bad: the launcher reads
+    settings without loading MXNet, which that class needs."""
+    from .errors import MPIKVStoreError
+    return MPIKVStoreError(message)
+
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -48,22 +54,22 @@ class Setting:
             try:
                 value = int(text) if self.kind == "int" else float(text)
             except ValueError:
-                raise MPIKVStoreError("%s must be %s, got %r" % (
+                raise _bad("%s must be %s, got %r" % (
                     self.name, "an integer" if self.kind == "int" else "a number",
                     raw)) from None
             if value < self.minimum:
-                raise MPIKVStoreError("%s must be >= %g, got %r" % (self.name, self.minimum,
+                raise _bad("%s must be >= %g, got %r" % (self.name, self.minimum,
                                                                      raw))
             return value
         if self.kind == "bool":
             low = text.lower()
             if low in _TRUE or low in _FALSE:
                 return low in _TRUE
-            raise MPIKVStoreError("%s must be 0 or 1, got %r" % (self.name, raw))
+            raise _bad("%s must be 0 or 1, got %r" % (self.name, raw))
         if self.kind == "choice":
             low = text.lower()
             if low not in self.choices:
-                raise MPIKVStoreError(self.bad_choice % {
+                raise _bad(self.bad_choice % {
                     "name": self.name, "value": low, "choices": ", ".join(self.choices)})
             return low
         return text
@@ -98,6 +104,20 @@ TABLE: tuple = (
     Setting("MXNET_MPI_CHUNK_BYTES", "int", 16 << 20,
             "large arrays move in blocking `MPI_Allreduce` calls of at most this size (every "
             "store, the free functions' included; at least 4096)"),
+    Setting("MXNET_MPI_P2P_BYTES", "int", None,
+            "allreduce chunks of at least this many bytes take the store's own allreduce over "
+            "point-to-point messages (each block reduced by its owner in rank order, then sent "
+            "to every rank: a ring's bytes, the same bits on every rank and in every run; its "
+            "waits sleep, so a rank waiting on the network leaves its core to backprop) "
+            "instead of `MPI_Allreduce`; 0: never. On shared memory MPI's own allreduce is "
+            "faster", default_doc="1 across hosts, 0 on one host"),
+    Setting("MXNET_MPI_TRANSPORT_DEFAULTS", "bool", True,
+            "0: `import mxnet_mpi` and the launcher do not set Open MPI's transport variables "
+            "(`OMPI_MCA_btl_tcp_links=4`; a value you set always wins; "
+            "[across-hosts.md](across-hosts.md#transport-settings))"),
+    Setting("MXNET_MPI_NETNS_PREFIX", "str", "mxmpi-",
+            "names of what `mxnet_mpi.testing.netns` creates (namespaces, links) start with "
+            "this"),
     Setting("MXNET_MPI_CYCLE_US", "int", 200,
             "funneled: pause after a cycle in which ranks agreed on nothing"),
     Setting("MXNET_MPI_STALL_WARN_S", "float", 60.0,
@@ -187,7 +207,7 @@ def stall_limits() -> tuple:
     """(warn, abort, heartbeat interval) in seconds, checked together."""
     warn, abort = get("MXNET_MPI_STALL_WARN_S"), get("MXNET_MPI_STALL_ABORT_S")
     if abort < warn:
-        raise MPIKVStoreError("MXNET_MPI_STALL_ABORT_S (%g) must be >= MXNET_MPI_STALL_WARN_S "
+        raise _bad("MXNET_MPI_STALL_ABORT_S (%g) must be >= MXNET_MPI_STALL_WARN_S "
                               "(%g)" % (abort, warn))
     return warn, abort, get("MXNET_MPI_HEALTH_INTERVAL_S")
 

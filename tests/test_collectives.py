@@ -4,7 +4,10 @@ One mpirun launch per (store, rank count) runs every section of
 scripts/collectives_exact.py (importing MXNet costs seconds per launch);
 each section is then reported as its own test. The default store 'mpi' runs
 on 1, 2 and 3 ranks, and on 2 ranks with MXNet's synchronous NaiveEngine;
-every other registered mode ('mpi_<mode>') on 2 and 3 ranks.
+every other registered mode ('mpi_<mode>') on 2 and 3 ranks. The default
+store also runs on 3 ranks with every allreduce through the
+store's own point-to-point allreduce (MXNET_MPI_P2P_BYTES; across hosts by
+default).
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from pool import run_pooled
 import mxnet_mpi
 
 RANK_COUNTS = (1, 2, 3)
-# (store, ranks, MXNET_ENGINE_TYPE or "" for MXNet's default)
+# (store, ranks, MXNET_ENGINE_TYPE or "" for MXNet's default, or "p2p")
 DEFAULT_RUNS = [("mpi", n, "") for n in RANK_COUNTS]
 MODE_RUNS = [("mpi_" + m, n, "") for m in mxnet_mpi.MODES if m != mxnet_mpi.DEFAULT_MODE
              for n in (2, 3)]
-ALL_RUNS = DEFAULT_RUNS + [("mpi", 2, "NaiveEngine")] + MODE_RUNS
+ALL_RUNS = DEFAULT_RUNS + [("mpi", 2, "NaiveEngine"), ("mpi", 3, "p2p")] + MODE_RUNS
 
 SECTIONS = (
     "world", "pushpull_inplace", "pushpull_out", "pushpull_out_list", "pushpull_devices",
@@ -42,7 +45,9 @@ def results(store: str, np_: int, engine: str, tmp_path_factory) -> list:
     if (store, np_, engine) not in _runs:
         out = tmp_path_factory.mktemp("collectives_%s_np%d%s" % (store, np_, engine))
         env = {"MXMPI_TEST_STORE": store}
-        if engine:
+        if engine == "p2p":
+            env["MXNET_MPI_P2P_BYTES"] = "1"
+        elif engine:
             env["MXNET_ENGINE_TYPE"] = engine
         proc = run_pooled("collectives_exact.py", np_, str(out), timeout=240, env=env)
         ranks = []

@@ -10,12 +10,12 @@ from mpirun import ROOT
 
 PACKAGE = ROOT / "mxnet_mpi"
 
-# Lowest first: settings and errors; the native library and the MPI world;
+# Lowest first: settings, errors and the transport defaults; the native library and the MPI world;
 # collectives and what builds on them alone; the embedding modes; the stores;
 # what is built on the stores (framework patches, hybrid stores, launcher,
 # runner, Horovod API, SyncBatchNorm) and the package itself.
 LAYERS = [
-    {"errors", "settings", "routes", "report", "launch_watch"},
+    {"errors", "settings", "transport", "routes", "report", "launch_watch"},
     {"_native", "timeline", "world"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "device_meeting",
      "server_keys"},

@@ -72,7 +72,8 @@ _RUNS: dict = {}
 def test_mpi_training_across_hosts_is_exact(cluster, tmp_path, loss_pct):
     """Ranks seed differently; kvstore='mpi' (a string) makes them identical and
     equal to one process on the global batch; 5% loss on host 1's link (TCP
-    retransmits) changes nothing, bit for bit."""
+    retransmits) changes nothing, bit for bit. Every allreduce takes the
+    store's point-to-point allreduce (the default across hosts)."""
     cluster.shape(1, rate_gbit=1.0, loss_pct=loss_pct)
     try:
         cmd = [sys.executable, str(SCRIPTS / "gluon_train.py"), "--kvstore", "mpi",

@@ -13,6 +13,13 @@ every host also has its own hostname: Open MPI names shared-memory and
 session files after it) and then the daemon. Ranks inherit the environment
 of ``mpirun`` (no ssh in between).
 
+Cores: the hosts share this machine's cores. Open MPI would bind each host's
+first rank to that host's first core, i.e. every host's rank to core 0, so
+the cluster turns binding off (``PRTE_MCA_hwloc_default_binding_policy=none``
+unless set), and ``cpus=`` gives each host a CPU set of its own (its daemon,
+ranks and ``exec_cmd`` processes run under ``taskset``), as separate machines
+would have: ``own_cores(n)`` spreads this process's cores over n hosts.
+
 Everything made here (namespaces, links, processes inside the namespaces,
 the temporary directory) is removed by ``close()``, which runs on leaving
 the ``with`` block, at exit, and on SIGINT/SIGTERM; ``cleanup_stale()``
@@ -33,7 +40,11 @@ import tempfile
 import time
 from pathlib import Path
 
-PREFIX = "mxmpi-"
+from mxnet_mpi import settings
+
+# Names of everything made here start with this (MXNET_MPI_NETNS_PREFIX, so
+# that several users of one machine can tell their namespaces apart).
+PREFIX = settings.get("MXNET_MPI_NETNS_PREFIX")
 _LIVE: list = []          # clusters to close at exit / on a signal
 _OLD_HANDLERS: dict = {}
 
@@ -168,25 +179,43 @@ AGENT = """#!/bin/sh
 # plm_ssh_agent for a netns cluster: <agent> [ssh options] HOST COMMAND...
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
 host="$1"; shift
+pin=""
 case "$host" in
 %s
 *) echo "netns agent: unknown host $host" >&2; exit 1;;
 esac
-exec ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$*"' \\
+exec $pin ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$*"' \\
     "$host" "$@"
 """
+
+
+def own_cores(hosts: int, cpus: list | None = None) -> list:
+    """CPU lists (taskset syntax) giving each of `hosts` hosts cores of its own
+    out of `cpus` (default: this process's): core k goes to host k % hosts;
+    with fewer cores than hosts, host i shares core i % cores with others."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else list(cpus)
+    if not cpus:
+        raise ValueError("no CPUs to spread")
+    if len(cpus) < hosts:
+        return [str(cpus[i % len(cpus)]) for i in range(hosts)]
+    return [",".join(str(c) for c in cpus[i::hosts]) for i in range(hosts)]
 
 
 class NetnsCluster:
     """N hosts as network namespaces on one bridge, with shaped links.
 
     `rate_gbit` (None: unshaped), `delay_ms` and `loss_pct` apply to every
-    host's link in both directions; ``shape()`` changes one link later."""
+    host's link in both directions; ``shape()`` changes one link later.
+    `cpus`: per host, a CPU list for ``taskset -c`` ("0", "2-3") or None
+    (all of this process's cores); None for every host by default."""
 
     def __init__(self, hosts: int, rate_gbit: float | None = None, delay_ms: float = 0.0,
-                 loss_pct: float = 0.0, slots: int = 1) -> None:
+                 loss_pct: float = 0.0, slots: int = 1, cpus: list | None = None) -> None:
         if hosts < 1 or hosts > 200:
             raise ValueError("hosts must be in 1..200, got %r" % hosts)
+        if cpus is not None and len(cpus) != hosts:
+            raise ValueError("cpus needs one entry per host (%d), got %d" % (hosts, len(cpus)))
+        self.cpus = list(cpus) if cpus is not None else [None] * hosts
         self.n = hosts
         self.slots = slots
         self.tag = _b36(os.getpid())
@@ -251,11 +280,25 @@ class NetnsCluster:
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
             self.shape(i, *self._shape)
         self.tmp = Path(tempfile.mkdtemp(prefix=PREFIX))
-        cases = "\n".join('%s|%s) ns=%s;;' % (h, a, h) for h, a in zip(self.hosts, self.addrs))
+        cases = "\n".join('%s|%s) ns=%s%s;;' % (h, a, h, self._pin(i, '; pin="%s"'))
+                           for i, (h, a) in enumerate(zip(self.hosts, self.addrs)))
         self.agent = self.tmp / "agent.sh"
         self.agent.write_text(AGENT % cases)
         self.agent.chmod(0o755)
         self.hostfile = self.write_hostfile(self.slots)
+
+    def _pin(self, host: int, fmt: str = "%s") -> str:
+        """`fmt` around host `host`'s taskset prefix, or "" when it is not pinned."""
+        if self.cpus[host] is None:
+            return ""
+        return fmt % ("taskset -c %s" % self.cpus[host])
+
+    def binding(self) -> str:
+        """How ranks are placed on cores, in words (for benchmark notes)."""
+        if all(c is None for c in self.cpus):
+            return "Open MPI binding off, hosts share all cores"
+        return "Open MPI binding off; host cpusets " + " ".join(
+            "h%d:%s" % (i, c if c is not None else "all") for i, c in enumerate(self.cpus))
 
     def write_hostfile(self, slots: int, path: str | None = None) -> str:
         """A hostfile with every host and `slots` slots each; returns its path."""
@@ -323,6 +366,9 @@ class NetnsCluster:
             "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,sm,tcp",
             "OMPI_MCA_btl_tcp_if_include": net, "OMPI_MCA_oob_tcp_if_include": net,
         })
+        # The hosts share this machine's cores: Open MPI's default binding would
+        # put every host's first rank on core 0 (cpusets, if any, come from taskset).
+        env.setdefault("PRTE_MCA_hwloc_default_binding_policy", "none")
         return env
 
     def mpirun(self, np_: int, command: list, per_host: int | None = None,
@@ -337,7 +383,8 @@ class NetnsCluster:
 
     def exec_cmd(self, host: int, command: list) -> list:
         """`command` run inside host `host`'s namespace (with its own hostname)."""
-        return ["ip", "netns", "exec", self.hosts[host], "unshare", "--uts", "/bin/sh", "-c",
+        pin = ["taskset", "-c", self.cpus[host]] if self.cpus[host] is not None else []
+        return [*pin, "ip", "netns", "exec", self.hosts[host], "unshare", "--uts", "/bin/sh", "-c",
                 'hostname "$0" && exec "$@"', self.hosts[host], *command]
 
     # ------------------------------------------------------------------ teardown

@@ -1,0 +1,260 @@
+"""What a cluster-in-a-box link carries, before any store is measured.
+
+    from benchmarks.linkcheck import check_link
+    row = check_link(cluster, rate_gbit, grad_bytes)      # inside benchmarks/cluster.py
+
+Between hosts 0 and 1 of a NetnsCluster (mxnet_mpi/testing/netns.py), with the
+link shaped to `rate_gbit`:
+
+- a plain TCP stream's rate (100 MiB, or what takes about 1 s at the rate);
+- a plain TCP round trip (1 byte, TCP_NODELAY, median of 200);
+- an MPI round trip (mpi4py, 8 bytes, half of it reported as Open MPI reports
+  latency, median of 200), quiet and while a busy process shares each
+  rank's cores (as backprop does during training), and a raw in-place ``MPI_Allreduce`` of the
+  gradient size against the ring's wire time (2(p-1)/p x bytes x 8 / rate),
+  with its CPU time / wall time, each with Open MPI's own defaults and with
+  mxnet_mpi's transport defaults (mxnet_mpi/transport.py).
+
+If the TCP stream stays below 85% of the shaped rate, the emulation cannot
+carry the rate and no store figure on that link means anything: the check
+says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PORT = 52777
+MIN_TCP_SHARE = 0.85
+
+
+def wire_ms(nbytes: float, rate_gbit: float, ranks: int = 2) -> float:
+    """A ring allreduce's time on the wire: each link carries 2(p-1)/p x bytes."""
+    return 2 * (ranks - 1) / ranks * nbytes * 8 / (rate_gbit * 1e9) * 1e3
+
+
+# ----------------------------------------------------------------- in the namespaces
+def serve(port: int) -> None:
+    """One connection at a time: 's' + 8-byte size: read that many bytes and
+    answer the seconds it took (first byte to last); 'p' + 4-byte count: echo
+    that many single bytes."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("0.0.0.0", port))
+    ls.listen(1)
+    print("ready", flush=True)
+    for _ in range(2):
+        conn, _ = ls.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        kind = conn.recv(1)
+        if kind == b"s":
+            left = int.from_bytes(_recv_exact(conn, 8), "little")
+            t0 = None
+            while left > 0:
+                chunk = conn.recv(min(left, 1 << 20))
+                if not chunk:
+                    break
+                t0 = t0 or time.perf_counter()
+                left -= len(chunk)
+            conn.sendall(json.dumps(time.perf_counter() - t0).encode())
+        else:
+            n = int.from_bytes(_recv_exact(conn, 4), "little")
+            for _ in range(n):
+                conn.sendall(_recv_exact(conn, 1))
+        conn.close()
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        buf += chunk
+    return buf
+
+
+def client(addr: str, port: int, nbytes: int, pings: int) -> None:
+    """Stream `nbytes` then ping `pings` times; prints {"gbit", "rtt_us"}."""
+    c = socket.create_connection((addr, port))
+    c.sendall(b"s" + nbytes.to_bytes(8, "little"))
+    block = b"\0" * (1 << 20)
+    left = nbytes
+    while left > 0:
+        c.sendall(block[:min(left, len(block))])
+        left -= min(left, len(block))
+    secs = json.loads(c.recv(64))
+    c.close()
+    c = socket.create_connection((addr, port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c.sendall(b"p" + pings.to_bytes(4, "little"))
+    rtts = []
+    for _ in range(pings):
+        t0 = time.perf_counter()
+        c.sendall(b"x")
+        _recv_exact(c, 1)
+        rtts.append(time.perf_counter() - t0)
+    c.close()
+    print(json.dumps({"gbit": nbytes * 8 / secs / 1e9, "rtt_us": statistics.median(rtts) * 1e6}))
+
+
+def mpi_probe(nbytes: int, reps: int, out: str) -> None:
+    """Under mpirun, one rank per host: MPI half round trip and a raw
+    in-place allreduce of `nbytes` (float32), with CPU time / wall time."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    msg = np.zeros(8, dtype=np.uint8)
+
+    def half_rtt() -> float:
+        times = []
+        for i in range(220):
+            comm.Barrier() if i % 50 == 0 else None
+            t0 = time.perf_counter()
+            if rank == 0:
+                comm.Send(msg, dest=1)
+                comm.Recv(msg, source=1)
+            elif rank == 1:
+                comm.Recv(msg, source=0)
+                comm.Send(msg, dest=0)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[20:]) / 2
+
+    quiet = half_rtt()
+    # The same while a process computes on each host's cores (as backprop does
+    # while gradients move): a rank that polls shares its core with it.
+    busy = os.fork()
+    if busy == 0:
+        while True:
+            pass
+    try:
+        loaded = half_rtt()
+    finally:
+        os.kill(busy, signal.SIGKILL)
+        os.waitpid(busy, 0)
+    buf = np.ones(nbytes // 4, dtype=np.float32)
+    comm.Allreduce(MPI.IN_PLACE, buf)   # warm-up (connections, registrations)
+    comm.Barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(reps):
+        comm.Allreduce(MPI.IN_PLACE, buf)
+    wall = time.perf_counter() - t0
+    cpu = (time.process_time() - c0) / wall
+    cpus = comm.gather(cpu)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"half_rtt_us": quiet * 1e6,
+                                         "half_rtt_busy_us": loaded * 1e6,
+                                         "allreduce_ms": wall / reps * 1e3,
+                                         "cpu_per_wall": sum(cpus) / len(cpus)}))
+
+
+# ----------------------------------------------------------------- driver
+def tcp_check(cluster, rate_gbit: float | None) -> dict:
+    """A plain TCP stream host 0 -> host 1 and a 1-byte round trip."""
+    server = subprocess.Popen(cluster.exec_cmd(1, [sys.executable, __file__, "--serve",
+                                                   str(PORT)]),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()   # "ready"
+        nbytes = 100 << 20 if not rate_gbit else int(min(100 << 20, rate_gbit * 1e9 / 8))
+        res = subprocess.run(cluster.exec_cmd(0, [sys.executable, __file__, "--client",
+                                                  cluster.addrs[1], str(PORT), str(nbytes),
+                                                  "200"]),
+                             capture_output=True, text=True, timeout=120, check=True)
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+def mpi_check(cluster, grad_bytes: int, env: dict, out: Path, reps: int = 3) -> dict:
+    cmd = cluster.mpirun(2, [sys.executable, __file__, "--mpi-probe", str(grad_bytes),
+                             "--reps", str(reps), "--out", str(out)], per_host=1)
+    subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=300,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def check_link(cluster, rate_gbit: float | None, grad_bytes: int, outdir: Path) -> dict:
+    """The link check between hosts 0 and 1 (as shaped now): a dict of figures."""
+    sys.path.insert(0, str(ROOT))
+    from mxnet_mpi import transport
+
+    tcp = tcp_check(cluster, rate_gbit)
+    base = cluster.env()
+    for name in transport.DEFAULTS:
+        base.pop(name, None)
+    plain = mpi_check(cluster, grad_bytes, dict(base, MXNET_MPI_TRANSPORT_DEFAULTS="0"),
+                      outdir / "linkcheck_mpi.json")
+    ours = dict(base)
+    transport.apply(ours)
+    tuned = mpi_check(cluster, grad_bytes, ours, outdir / "linkcheck_mpi.json")
+    wire = wire_ms(grad_bytes, rate_gbit) if rate_gbit else None
+    row = {"link_gbit": rate_gbit, "tcp_gbit": tcp["gbit"],
+           "tcp_share": tcp["gbit"] / rate_gbit if rate_gbit else None,
+           "tcp_rtt_us": tcp["rtt_us"], "grad_MB": grad_bytes / 2**20, "wire_ms": wire}
+    for tag, r in (("ompi", plain), ("ours", tuned)):
+        row["mpi_half_rtt_us_" + tag] = r["half_rtt_us"]
+        row["mpi_half_rtt_busy_us_" + tag] = r["half_rtt_busy_us"]
+        row["allreduce_ms_" + tag] = r["allreduce_ms"]
+        row["allreduce_vs_wire_" + tag] = r["allreduce_ms"] / wire if wire else None
+        row["allreduce_cpu_per_wall_" + tag] = r["cpu_per_wall"]
+    return row
+
+
+def print_check(row: dict) -> None:
+    rate = row["link_gbit"]
+    share = row["tcp_share"]
+    print("link check %s: TCP stream %.2f Gbit/s%s, TCP round trip %.0f us; MPI half round "
+          "trip %.0f us (Open MPI defaults) / %.0f us (ours), with a busy process beside "
+          "each rank %.0f / %.0f us; raw allreduce of %.1f MB %.0f / %.0f ms%s, CPU/wall "
+          "%.2f / %.2f"
+          % ("unshaped" if not rate else "%g Gbit/s" % rate, row["tcp_gbit"],
+             "" if share is None else " (%.0f%% of the shaped rate)" % (100 * share),
+             row["tcp_rtt_us"], row["mpi_half_rtt_us_ompi"], row["mpi_half_rtt_us_ours"],
+             row["mpi_half_rtt_busy_us_ompi"], row["mpi_half_rtt_busy_us_ours"],
+             row["grad_MB"], row["allreduce_ms_ompi"], row["allreduce_ms_ours"],
+             "" if not row["wire_ms"] else " (%.2fx / %.2fx the wire time %.0f ms)"
+             % (row["allreduce_vs_wire_ompi"], row["allreduce_vs_wire_ours"], row["wire_ms"]),
+             row["allreduce_cpu_per_wall_ompi"], row["allreduce_cpu_per_wall_ours"]),
+          flush=True)
+    if share is not None and share < MIN_TCP_SHARE:
+        print("WARNING: the emulated link carries only %.0f%% of its shaped rate over plain "
+              "TCP (< %.0f%%): the harness, not the store, limits every figure on it"
+              % (100 * share, 100 * MIN_TCP_SHARE), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--serve", type=int)
+    ap.add_argument("--client", nargs=4)
+    ap.add_argument("--mpi-probe", type=int)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve)
+    elif a.client:
+        client(a.client[0], int(a.client[1]), int(a.client[2]), int(a.client[3]))
+    elif a.mpi_probe:
+        mpi_probe(a.mpi_probe, a.reps, a.out)
+    else:
+        ap.error("run by benchmarks/cluster.py")
+
+
+if __name__ == "__main__":
+    main()
