@@ -103,6 +103,7 @@ struct Peer {
   Clock::time_point at;
   Status out{};
   MPI_Request send = MPI_REQUEST_NULL;
+  bool stop_posted = false;  // our kStopping status is on its way to this peer
 };
 
 std::thread* g_thread = nullptr;  // never destroyed at exit (forked children)
@@ -152,7 +153,17 @@ void SendAll(std::vector<Peer>* peers) {
     }
     peer.out = mine;
     MPI_Isend(&peer.out, sizeof(Status), MPI_BYTE, p, kTag, g_comm, &peer.send);
+    peer.stop_posted = mine.state == kStopping;
   }
+}
+
+// Whether every peer has been sent this rank's kStopping status. A send still
+// pending from before is skipped by SendAll, so a rank must not go quiet in
+// the final barrier until the status that its peers wait for has left.
+bool StopPosted(const std::vector<Peer>& peers) {
+  for (int p = 0; p < g_size; ++p)
+    if (p != g_rank && !peers[p].stop_posted) return false;
+  return true;
 }
 
 void Drain(std::vector<Peer>* peers) {
@@ -418,7 +429,8 @@ void Loop() {
       stop_announced = true;
       g_announce = true;
     }
-    if (!barrier && (now >= next_send || g_announce.exchange(false))) {
+    const bool unposted = g_stop && !barrier && !StopPosted(peers);
+    if (!barrier && (now >= next_send || g_announce.exchange(false) || unposted)) {
       SendAll(&peers);
       next_send = now + std::chrono::duration_cast<Clock::duration>(
                             std::chrono::duration<double>(o.interval_s));
@@ -427,7 +439,7 @@ void Loop() {
     if (!barrier) Evaluate(peers, &warned);
     if (!barrier) EvaluateEnd(peers, now, &end_warned, &quiet_since);
     if (g_stop && !barrier) {
-      if (AllStopping(peers)) {
+      if (AllStopping(peers) && StopPosted(peers)) {
         MPI_Ibarrier(g_comm, &barrier_req);
         barrier = true;
         barrier_since = now;
