@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -56,3 +57,40 @@ def wait_no_procs(cluster: netns.NetnsCluster, timeout: float = 15) -> list:
     while cluster.pids() and time.monotonic() < deadline:
         time.sleep(0.3)
     return cluster.pids()
+
+
+class ClusterJob:
+    """A command started on the cluster whose output lines (and when each came)
+    are collected as they come; kill() ends it and every process of every host."""
+
+    def __init__(self, cluster: netns.NetnsCluster, cmd: list, env: dict | None) -> None:
+        self.cluster = cluster
+        self.proc = start(cluster, cmd, env)
+        self.lines: list = []
+        self.times: list = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self.times.append(time.monotonic())
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None if still running after `timeout` s."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self.reader.join(timeout=5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for h in range(self.cluster.n):
+            self.cluster.kill_host(h)
+        self.proc.wait()

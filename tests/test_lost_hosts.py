@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
 import time
 
 import pytest
 from mpirun import SCRIPTS
-from netns_cluster import needs_netns, start, wait_no_procs
+from netns_cluster import ClusterJob, needs_netns, wait_no_procs
 
 from mxnet_mpi.testing import netns
 
@@ -29,28 +28,14 @@ def cluster():
         yield c
 
 
-class Launch:
+class Launch(ClusterJob):
     """`python -m mxnet_mpi.launch --hostfile` run on host 0, output collected."""
 
     def __init__(self, cluster, servers: int, kvstore: str, env: dict) -> None:
-        self.cluster = cluster
-        cmd = cluster.exec_cmd(0, [
+        super().__init__(cluster, cluster.exec_cmd(0, [
             sys.executable, "-m", "mxnet_mpi.launch", "-n", "2", "--servers", str(servers),
             "--hostfile", cluster.write_hostfile(1), "--ps-host", cluster.addrs[0],
-            "--grace", "5", "--", sys.executable, SCRIPT, "--kvstore", kvstore])
-        self.proc = start(cluster, cmd, env)
-        self.lines: list = []
-        self.times: list = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            self.times.append(time.monotonic())
-
-    def text(self) -> str:
-        return "".join(self.lines)
+            "--grace", "5", "--", sys.executable, SCRIPT, "--kvstore", kvstore]), env)
 
     def wait_for(self, needle: str, timeout: float) -> float | None:
         """When the first line containing `needle` came (None: not in time)."""
@@ -63,21 +48,6 @@ class Launch:
                 return None
             time.sleep(0.1)
         return None
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            self.proc.wait(timeout=timeout)
-        except Exception:
-            return None
-        self.reader.join(timeout=5)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        for h in range(self.cluster.n):
-            self.cluster.kill_host(h)
-        self.proc.wait()
 
 
 @pytest.mark.parametrize("servers,kvstore", [(1, "dist_sync_mpi"), (0, "mpi")],

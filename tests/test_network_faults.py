@@ -7,12 +7,11 @@ host lost under the launcher: test_lost_hosts.py.)"""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
 import pytest
 from mpirun import SCRIPTS
-from netns_cluster import needs_netns, start, wait_no_procs
+from netns_cluster import ClusterJob, needs_netns, wait_no_procs
 
 from mxnet_mpi.testing import netns
 
@@ -28,24 +27,13 @@ def cluster():
         yield c
 
 
-class Job:
-    """A job on the cluster whose output lines are collected as they come."""
+class Job(ClusterJob):
+    """The training job of this file on the cluster."""
 
     def __init__(self, cluster, steps: int, sleep: float, env: dict) -> None:
-        self.cluster = cluster
-        cmd = cluster.mpirun(N, [sys.executable, SCRIPT, "--steps", str(steps), "--sleep",
-                                 str(sleep)], per_host=PER_HOST)
-        self.proc = start(cluster, cmd, env)
-        self.lines: list = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def text(self) -> str:
-        return "".join(self.lines)
+        super().__init__(cluster, cluster.mpirun(N, [sys.executable, SCRIPT, "--steps", str(steps),
+                                                     "--sleep", str(sleep)], per_host=PER_HOST),
+                         env)
 
     def wait_for(self, pred, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -57,21 +45,6 @@ class Job:
                 return pred(self.text())
             time.sleep(0.1)
         return False
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            self.proc.wait(timeout=timeout)
-        except Exception:
-            return None
-        self.reader.join(timeout=5)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        for h in range(self.cluster.n):
-            self.cluster.kill_host(h)
-        self.proc.wait()
 
 
 def started(job: Job, timeout: float = 60) -> None:
