@@ -160,7 +160,11 @@ class Child:
         (Open MPI prints that on stdout or stderr)."""
         lost = False
         for raw in iter(pipe.readline, b""):
-            line = raw.decode(errors="replace")
+            # PRTE ends its help messages with a NUL byte and no newline, which
+            # would glue itself to the launcher's next line: drop it.
+            line = raw.replace(b"\0", b"").decode(errors="replace")
+            if not line:
+                continue
             try:
                 to.write(line)
                 to.flush()
