@@ -45,24 +45,29 @@ def scenario(kv, name: str, rank: int) -> None:
         raise SystemExit("unknown scenario %r" % name)
 
 
-rank = mxnet_mpi.rank()
-for mode in sys.argv[1].split(","):
-    for name in sys.argv[2].split(","):
-        kv = mx.kv.create("mpi_" + mode)
-        warm = mx.nd.ones((2,))
-        kv.pushpull("warmup", warm)
-        warm.wait_to_read()
-        t0 = time.monotonic()
-        error = None
-        try:
-            scenario(kv, name, rank)
-        except mx.base.MXNetError as exc:   # MPIKVStoreError is one
-            error = "%s: %s" % (type(exc).__name__, exc)
-        took = time.monotonic() - t0
-        after = mx.nd.ones((3,))
-        kv.pushpull("after", after)
-        print("CASE " + json.dumps({"rank": rank, "mode": mode, "scenario": name,
-                                    "error": error, "seconds": took,
-                                    "after": after.asnumpy().tolist()}), flush=True)
-        kv.close()
-print("rank %d finished" % rank, flush=True)
+def main() -> None:
+    rank = mxnet_mpi.rank()
+    for mode in sys.argv[1].split(","):
+        for name in sys.argv[2].split(","):
+            kv = mx.kv.create("mpi_" + mode)
+            warm = mx.nd.ones((2,))
+            kv.pushpull("warmup", warm)
+            warm.wait_to_read()
+            t0 = time.monotonic()
+            error = None
+            try:
+                scenario(kv, name, rank)
+            except mx.base.MXNetError as exc:   # MPIKVStoreError is one
+                error = "%s: %s" % (type(exc).__name__, exc)
+            took = time.monotonic() - t0
+            after = mx.nd.ones((3,))
+            kv.pushpull("after", after)
+            print("CASE " + json.dumps({"rank": rank, "mode": mode, "scenario": name,
+                                        "error": error, "seconds": took,
+                                        "after": after.asnumpy().tolist()}), flush=True)
+            kv.close()
+    print("rank %d finished" % rank, flush=True)
+
+
+if __name__ == "__main__":
+    main()
