@@ -49,6 +49,7 @@ from pathlib import Path
 
 from . import transport
 from .launch_watch import RankWatch
+from .pslite_roles import role_command
 from .report import ENV as REPORT_ENV
 from .routes import ROUTES, expected_ps_workers
 
@@ -92,8 +93,7 @@ def parameter_server(num_workers: int, num_servers: int = 1, env: dict | None = 
     procs = []
     try:
         for role in ["scheduler"] + ["server"] * num_servers:
-            # Importing mxnet with DMLC_ROLE=scheduler/server runs that role.
-            procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"],
+            procs.append(subprocess.Popen(role_command(role),
                                           env={**base, **dmlc, "DMLC_ROLE": role}, cwd=cwd,
                                           start_new_session=True, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
@@ -377,10 +377,9 @@ def main(argv: list | None = None) -> int:
             log("ps-lite scheduler at %s:%s, %d server(s), DMLC_NUM_WORKER=%s"
                 % (ps_env["DMLC_PS_ROOT_URI"], ps_env["DMLC_PS_ROOT_PORT"], args.servers,
                    ps_env["DMLC_NUM_WORKER"]))
-            # Importing mxnet with DMLC_ROLE=scheduler/server runs that role.
             for i, role in enumerate(["scheduler"] + ["server"] * args.servers):
                 name = role if role == "scheduler" else "server %d" % (i - 1)
-                children.append(Child(name, [sys.executable, "-c", "import mxnet"],
+                children.append(Child(name, role_command(role),
                                       {**ps_env, "DMLC_ROLE": role}, prefix_output=True))
         cmd = [mpirun_path(), "-np", str(args.n), "--oversubscribe", "--output", "tag"]
         for name in exported:

@@ -8,7 +8,7 @@ reference computed in the script (see tests/scripts/batch_sizes.py)."""
 import json
 
 import pytest
-from mpirun import run_mpi
+from pool import run_pooled
 
 # Every path in every mode costs too much here: the paths that differ by mode
 # (the plan: chained orders by push, funneled fuses, concurrent splits by size)
@@ -22,7 +22,7 @@ SECTIONS = {
 
 @pytest.mark.parametrize("mode", sorted(SECTIONS))
 def test_different_batch_sizes_keep_ranks_identical(tmp_path, mode):
-    run_mpi("batch_sizes.py", 2, mode, str(tmp_path), SECTIONS[mode], timeout=240)
+    run_pooled("batch_sizes.py", 2, mode, str(tmp_path), SECTIONS[mode], timeout=240)
     ranks = [json.loads((tmp_path / ("rank%d.json" % r)).read_text()) for r in range(2)]
     for r in ranks:
         bad = {k: v for k, v in r["sections"].items() if v["status"] != "OK"}

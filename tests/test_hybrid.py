@@ -164,7 +164,7 @@ def test_module_fit_dist_sync_mpi(tmp_path):
 
 
 def test_misconfiguration_errors():
-    proc = run_mpi(str(SCRIPTS / "hybrid_errors.py"), 2, timeout=120)
+    proc = run_pooled(str(SCRIPTS / "hybrid_errors.py"), 2, timeout=120)
     for case, text in [("no_ps_env", "DMLC_PS_ROOT_URI"), ("no_ps_env", "mxnet_mpi.launch"),
                        ("num_worker", "DMLC_NUM_WORKER=5"),
                        ("group_size", "group size 3 (from MXNET_MPI_GROUP_SIZE) does not "

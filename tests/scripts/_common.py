@@ -79,9 +79,12 @@ class Results:
 
     def run(self, name: str, fn, *args) -> None:
         """Run one section; record OK, or FAIL with mismatches or the exception."""
+        import time
+
         import mxnet as mx
         self.failures = []
         error = None
+        start = time.process_time(), time.monotonic()
         try:
             fn(self, *args)
             mx.nd.waitall()
@@ -97,7 +100,10 @@ class Results:
         status = "OK" if error is None and not self.failures else "FAIL"
         self.sections[name] = {"status": status, "error": error,
                                "failures": self.failures[:20],
-                               "n_failures": len(self.failures)}
+                               "n_failures": len(self.failures),
+                               # where a slow suite spends its time
+                               "cpu_s": round(time.process_time() - start[0], 3),
+                               "wall_s": round(time.monotonic() - start[1], 3)}
         print("rank %d section %s %s %s" % (self.rank, name, status,
                                              error or self.failures[:3] or ""), flush=True)
 
