@@ -18,6 +18,11 @@ link shaped to `rate_gbit`:
 If the TCP stream stays below 85% of the shaped rate, the emulation cannot
 carry the rate and no store figure on that link means anything: the check
 says so.
+
+    sudo .venv/bin/python benchmarks/linkcheck.py --sweep [--rate 1] [--outdir DIR]
+
+compares the candidate Open MPI transport settings one by one (transport.csv;
+docs/across-hosts.md shows it through benchmarks/report.py).
 """
 
 from __future__ import annotations
@@ -238,8 +243,86 @@ def print_check(row: dict) -> None:
               % (100 * share, 100 * MIN_TCP_SHARE), flush=True)
 
 
+# The Open MPI settings that were candidates for mxnet_mpi's transport defaults
+# (mxnet_mpi/transport.py keeps only btl_tcp_links=4; docs/across-hosts.md).
+SWEEP = [("defaults", {}), ("mpi_yield_when_idle=1", {"OMPI_MCA_mpi_yield_when_idle": "1"}),
+         ("btl_tcp_links=4", {"OMPI_MCA_btl_tcp_links": "4"}),
+         ("both", {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl_tcp_links": "4"})]
+SWEEP_COLUMNS = ["settings", "link_gbit", "grad_MB", "wire_ms", "allreduce_ms", "vs_wire",
+                 "cpu_per_wall", "half_rtt_us", "half_rtt_busy_us", "rounds"]
+
+
+def sweep(rate_gbit: float, grad_bytes: int, rounds: int, outdir: Path) -> list:
+    """Each candidate setting alone, Open MPI's defaults otherwise, between two
+    emulated hosts at `rate_gbit`: the raw allreduce against the wire time and
+    the MPI round trip, quiet and beside a busy process. Rounds alternate the
+    settings; each figure is the median over rounds. Writes transport.csv."""
+    import csv
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(HERE))
+    from meta import write_meta
+
+    from mxnet_mpi import transport
+    from mxnet_mpi.testing import netns
+
+    why = netns.unavailable()
+    if why:
+        raise SystemExit("benchmarks/linkcheck.py: no netns cluster here: " + why)
+    outdir.mkdir(parents=True, exist_ok=True)
+    runs: dict = {name: [] for name, _ in SWEEP}
+    with netns.NetnsCluster(2, cpus=netns.own_cores(2)) as cluster:
+        for h in range(cluster.n):
+            cluster.shape(h, rate_gbit=rate_gbit)
+        base = cluster.env()
+        for name in transport.DEFAULTS:
+            base.pop(name, None)
+        base["MXNET_MPI_TRANSPORT_DEFAULTS"] = "0"
+        for r in range(rounds):
+            for name, extra in SWEEP:
+                got = mpi_check(cluster, grad_bytes, dict(base, **extra), outdir / "sweep.json")
+                runs[name].append(got)
+                print("round %d %-22s allreduce %.0f ms, half round trip %.0f / %.0f us busy"
+                      % (r + 1, name, got["allreduce_ms"], got["half_rtt_us"],
+                         got["half_rtt_busy_us"]), flush=True)
+        binding = cluster.binding()
+    (outdir / "sweep.json").unlink(missing_ok=True)
+    wire = wire_ms(grad_bytes, rate_gbit)
+    rows = []
+    for name, _ in SWEEP:
+        med = {k: statistics.median(g[k] for g in runs[name]) for k in runs[name][0]}
+        rows.append({"settings": name, "link_gbit": rate_gbit, "grad_MB": grad_bytes / 2**20,
+                     "wire_ms": wire, "allreduce_ms": med["allreduce_ms"],
+                     "vs_wire": med["allreduce_ms"] / wire, "cpu_per_wall": med["cpu_per_wall"],
+                     "half_rtt_us": med["half_rtt_us"],
+                     "half_rtt_busy_us": med["half_rtt_busy_us"], "rounds": rounds})
+    path = outdir / "transport.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, SWEEP_COLUMNS)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("%.4g" % v if isinstance(v, float) else v) for k, v in row.items()})
+    write_meta(path, binding=binding, what="raw mpi4py allreduce of %.1f MB and MPI round trips "
+               "between two emulated hosts at %g Gbit/s, per Open MPI setting"
+               % (grad_bytes / 2**20, rate_gbit))
+    for row in rows:
+        print("%-22s %.2fx wire  CPU/wall %.2f  half round trip %.0f us, %.0f us beside a busy "
+              "process" % (row["settings"], row["vs_wire"], row["cpu_per_wall"],
+                           row["half_rtt_us"], row["half_rtt_busy_us"]))
+    print("wrote %s" % path)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true",
+                    help="compare the candidate Open MPI transport settings (needs root); "
+                         "writes transport.csv to --outdir")
+    ap.add_argument("--rate", type=float, default=1.0, help="--sweep: link rate in Gbit/s")
+    ap.add_argument("--grad-mb", type=float, default=42.8,
+                    help="--sweep: allreduce size in MB (resnet18_v1's gradients: 42.8)")
+    ap.add_argument("--rounds", type=int, default=3, help="--sweep: alternating rounds")
+    ap.add_argument("--outdir", default=str(HERE / "results"))
     ap.add_argument("--serve", type=int)
     ap.add_argument("--client", nargs=4)
     ap.add_argument("--mpi-probe", type=int)
@@ -252,8 +335,10 @@ def main() -> None:
         client(a.client[0], int(a.client[1]), int(a.client[2]), int(a.client[3]))
     elif a.mpi_probe:
         mpi_probe(a.mpi_probe, a.reps, a.out)
+    elif a.sweep:
+        sweep(a.rate, int(a.grad_mb * 2**20) // 4 * 4, a.rounds, Path(a.outdir))
     else:
-        ap.error("run by benchmarks/cluster.py")
+        ap.error("--sweep, or run by benchmarks/cluster.py")
 
 
 if __name__ == "__main__":

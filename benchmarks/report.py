@@ -852,6 +852,31 @@ def startup_table(ctx: Ctx) -> tuple | None:
     return "\n".join(out), p
 
 
+def transport_table(ctx: Ctx) -> tuple | None:
+    """benchmarks/linkcheck.py --sweep: each candidate Open MPI setting alone."""
+    p = ctx.csv("transport-netns/transport.csv")
+    if p is None:
+        return None
+    rows = read_csv(p, {"settings": "str", "link_gbit": "num", "grad_MB": "num",
+                        "wire_ms": "num", "allreduce_ms": "num", "vs_wire": "num",
+                        "cpu_per_wall": "num", "half_rtt_us": "num", "half_rtt_busy_us": "num",
+                        "rounds": "int"})
+    meta = read_meta(p)
+    first = rows[0]
+    label = {"defaults": "Open MPI's defaults", "both": "both of the above"}
+    body = [[label.get(r["settings"], "`%s`" % r["settings"]),
+             "%.0f ms" % r["allreduce_ms"], x2(r["vs_wire"]), "%.2f" % r["cpu_per_wall"],
+             "%s / %s" % (us(r["half_rtt_us"]), us(r["half_rtt_busy_us"]))] for r in rows]
+    out = ["Raw mpi4py allreduce of %.1f MB between two emulated hosts at %g Gbit/s (wire "
+           "time %.0f ms), each setting alone, median of %d alternating rounds. %s"
+           % (first["grad_MB"], first["link_gbit"], first["wire_ms"], first["rounds"],
+              measured(meta)), "",
+           table(["Open MPI settings", "allreduce", "vs wire", "CPU / wall",
+                  "MPI half round trip, quiet / beside a busy process"], body, {1, 2, 3}),
+           "", files_line(ctx, p)]
+    return "\n".join(out), p
+
+
 def sec_startup(ctx: Ctx) -> str | None:
     got = startup_table(ctx)
     if got is None:
@@ -908,7 +933,7 @@ def sec_other(ctx: Ctx) -> str | None:
 
 SECTIONS = [sec_allreduce, sec_overhead, sec_overlap, sec_cluster, sec_projection, sec_epoch,
             sec_faults, sec_gpu, sec_startup, sec_hybrid, sec_other]
-INCLUDES = {"faults": faults_table, "startup-cost": startup_table}
+INCLUDES = {"faults": faults_table, "startup-cost": startup_table, "transport": transport_table}
 
 
 def benchmarks_page(results: Path, page_dir: Path) -> str:
