@@ -82,6 +82,10 @@ def run_request(req: dict, rank: int) -> int:
         # new process would, so names such as 'dense0_weight' do not depend on
         # what ran before.
         mx.name.NameManager._current.value = mx.name.NameManager()
+        # MXNet's random state as a new process has it (libmxnet seeds its
+        # generators with 0), so random initial weights do not depend on what
+        # ran before either.
+        mx.random.seed(0)
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:
