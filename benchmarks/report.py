@@ -525,8 +525,18 @@ def sec_preempt(ctx: Ctx) -> str | None:
                         span([100 * r["comm_after_forward"] for r, _ in on],
                              fmt=lambda x: "%.0f" % x, unit="%"),
                         span([r["vs_off"] for r, _ in on], fmt=x2)), ""]
+        others = [c for c in dict.fromkeys(r["config"] for r in rows)
+                  if c not in ("compute", "comm", "off", default)]
+        if others:
+            out += ["Other budgets, step time off / this: %s." % "; ".join(
+                "%s %s" % (c, span([r["vs_off"] for r in rows if r["config"] == c], fmt=x2))
+                for c in others), ""]
         out += [files_line(ctx, p), figure(p.with_suffix(".png"), ctx.page_dir, "preempt"), ""]
-    out += ["Why the step time hardly moves: the first layers' weights are now updated soon "
+    out += ["Each cycle costs one more agreement (two small allreduces, with a wait for the "
+            "slowest rank), so small budgets slow the step; a budget above the largest "
+            "gradient bounds cycles but splits nothing, and the first layers still wait "
+            "behind a large array.", "",
+            "Why the step time hardly moves: the first layers' weights are now updated soon "
             "after backward and the next forward starts, but Gluon's order puts the last "
             "layers' gradients last, and those layers hold most of resnet18's bytes (its last "
             "stage of 512-channel convolutions). The next forward "
