@@ -16,7 +16,7 @@ export OMPI_MCA_btl_tcp_links
 endif
 
 .PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \
-	bench-overhead bench-faults bench-cluster data gpu-prepare gpu-check
+	bench-overhead bench-faults bench-cluster bench-preempt data gpu-prepare gpu-check
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -89,6 +89,11 @@ bench-faults: build
 # 2 hosts as network namespaces over shaped links (needs root): BENCH_ARGS=--quick
 bench-cluster: build
 	$(PY) benchmarks/cluster.py $(BENCH_ARGS)
+
+# Overlap across steps: funneled with pre-emption on and off, on the cluster in a
+# box (needs root; BENCH_ARGS=--shm for 2 ranks on this machine)
+bench-preempt: build
+	$(PY) benchmarks/preempt.py $(BENCH_ARGS)
 
 # Small generated datasets for the examples (nothing downloaded).
 data: build

@@ -39,7 +39,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 
 namespace mxnet_mpi {
 namespace {
@@ -90,7 +90,8 @@ int AddComm(MPI_Comm comm) {
 // every member even if ranks created other stores in between.
 // Store settings as Python passes them (settings.py), clamped to what works.
 StoreOptions MakeOptions(int64_t fusion_bytes, int64_t small_bytes, int64_t chunk_bytes,
-                         int64_t p2p_bytes, int large_lanes, int cycle_us) {
+                         int64_t p2p_bytes, int large_lanes, int cycle_us,
+                         int64_t preempt_bytes) {
   StoreOptions o;
   o.fusion_bytes = std::max<int64_t>(0, fusion_bytes);
   o.small_bytes = std::max<int64_t>(0, small_bytes);
@@ -98,6 +99,8 @@ StoreOptions MakeOptions(int64_t fusion_bytes, int64_t small_bytes, int64_t chun
   o.p2p_bytes = std::max<int64_t>(0, p2p_bytes);
   o.large_lanes = std::max(1, large_lanes);
   o.cycle_us = std::max(0, cycle_us);
+  // pieces below a page cost more in agreement than they move
+  o.preempt_bytes = preempt_bytes <= 0 ? 0 : std::max<int64_t>(4096, preempt_bytes);
   return o;
 }
 
@@ -313,7 +316,8 @@ MXMPI_API const char* mxmpi_mpi_library() {
 // then the heartbeat thread and the default store (id 0) of the free functions,
 // with the store settings given (as mxmpi_store_create takes them).
 MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes,
-                         int64_t chunk_bytes, int large_lanes, int cycle_us, int* provided,
+                         int64_t chunk_bytes, int large_lanes, int cycle_us,
+                         int64_t preempt_bytes, int* provided,
                          int* rank, int* size, int* local_rank, int* local_size) {
   if (g_forked) return Fail(kForked);
   if (g_owner.running()) return Fail("mxnet_mpi: already initialised");
@@ -367,7 +371,8 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
   g_world_rank = *rank;
   on_exit(&OnExit, nullptr);
   CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)",
-              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, 0, large_lanes, cycle_us),
+              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, 0, large_lanes, cycle_us,
+                          preempt_bytes),
               &err);
   return err.empty() ? 0 : Fail(err);
 }
@@ -461,13 +466,14 @@ MXMPI_API int mxmpi_comm_free(int id) {
 // A store over communicator `comm` (collective over it); *out gets its id.
 MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t fusion_bytes,
                                  int64_t small_bytes, int64_t chunk_bytes, int64_t p2p_bytes,
-                                 int large_lanes, int cycle_us, int* out) {
+                                 int large_lanes, int cycle_us, int64_t preempt_bytes,
+                                 int* out) {
   MXMPI_GUARD();
   if (kind < 0 || kind > 2) return Fail("mxnet_mpi: unknown store kind " + std::to_string(kind));
   MPI_Comm c = CommById(comm);
   if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
   const StoreOptions o = MakeOptions(fusion_bytes, small_bytes, chunk_bytes, p2p_bytes,
-                                     large_lanes, cycle_us);
+                                     large_lanes, cycle_us, preempt_bytes);
   std::string err;
   *out = CreateStore(static_cast<ExecKind>(kind), c, name ? name : "mpi", o, &err);
   return err.empty() ? 0 : Fail(err);
@@ -501,7 +507,8 @@ MXMPI_API int mxmpi_store_close(int store) {
 
 // The settings a store runs with (after clamping).
 MXMPI_API int mxmpi_store_options(int store, int64_t* fusion_bytes, int64_t* small_bytes,
-                                  int64_t* chunk_bytes, int* large_lanes, int* cycle_us) {
+                                  int64_t* chunk_bytes, int* large_lanes, int* cycle_us,
+                                  int64_t* preempt_bytes) {
   MXMPI_GUARD();
   auto s = StoreById(store);
   if (!s) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
@@ -511,6 +518,7 @@ MXMPI_API int mxmpi_store_options(int store, int64_t* fusion_bytes, int64_t* sma
   *chunk_bytes = o.chunk_bytes;
   *large_lanes = o.large_lanes;
   *cycle_us = o.cycle_us;
+  *preempt_bytes = o.preempt_bytes;
   return 0;
 }
 

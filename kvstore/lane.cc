@@ -1,6 +1,7 @@
 #include <pthread.h>
 #include "lane.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -19,12 +20,13 @@ using Clock = std::chrono::steady_clock;
 // The check round: int64 words, reduced with MAX as [v, -v] so that every
 // rank learns the maximum and the minimum of each word. A joined rank sends
 // kNone in both halves, so it never changes the outcome.
+// kFrom: where a pre-empted allreduce resumes (its pieces so far).
 enum Word : int {
-  kSeq = 0, kSig, kCount, kCode, kRoot, kReady,  // compared (max == min), kReady: min
+  kSeq = 0, kSig, kCount, kCode, kRoot, kFrom, kReady,  // compared (max == min), kReady: min
   kRow, kToken, kJoined, kWords
 };
 constexpr int64_t kNone = INT64_MIN;
-constexpr int kCompared = 5;  // kSeq..kRoot must agree
+constexpr int kCompared = 6;  // kSeq..kFrom must agree
 
 int64_t Code(const Request& r) {
   return static_cast<int64_t>(r.op) | (static_cast<int64_t>(r.dtype) << 4) |
@@ -32,7 +34,8 @@ int64_t Code(const Request& r) {
 }
 
 bool Fusable(const Request& r, int64_t limit) {
-  return r.op == OpKind::kAllreduce && r.token.empty() && r.Bytes() > 0 && r.Bytes() <= limit;
+  return r.op == OpKind::kAllreduce && r.token.empty() && r.Bytes() > 0 && r.Bytes() <= limit &&
+         r.progress == 0;
 }
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
@@ -167,7 +170,7 @@ void Lane::Drain() {
 
 void Lane::Serve(uint64_t flight) {
   std::lock_guard<std::mutex> exec(exec_mu_);
-  while (RunOne({}, true) >= 0) FlightTouch(flight);
+  while (RunOne({}, true).n >= 0) FlightTouch(flight);
 }
 
 void Lane::RequestServe(uint64_t flight) {
@@ -185,7 +188,7 @@ bool Lane::WaitServed(double timeout_s) {
   return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return served_; });
 }
 
-int Lane::RunAgreed(const std::vector<uint64_t>& candidates, bool joined) {
+Ran Lane::RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_t piece_bytes) {
   std::vector<Request*> cands;
   if (!joined) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -202,7 +205,7 @@ int Lane::RunAgreed(const std::vector<uint64_t>& candidates, bool joined) {
       bytes += r->Bytes();
     }
   }
-  return RunOne(cands, joined);
+  return RunOne(cands, joined, piece_bytes);
 }
 
 std::vector<std::pair<uint64_t, int>> Lane::ReadyBetween(uint64_t from, uint64_t to) {
@@ -233,6 +236,7 @@ Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined) {
     v[kCount] = varying ? 0 : first.Count();
     v[kCode] = Code(first);
     v[kRoot] = first.root;
+    v[kFrom] = first.progress;
     v[kReady] = static_cast<int64_t>(cands.size());
     v[kRow] = first.row;
     v[kToken] = first.token.empty() ? 0 : 1;
@@ -269,6 +273,8 @@ Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined) {
   u.joined = joined;
   u.active = size_;
   u.total = res[kCount];
+  u.from = res[kFrom];
+  a.parts = static_cast<int>(res[kCode] >> 16);
   if (!joined) u.members.assign(cands.begin(), cands.begin() + a.n);
   if (a.n > 1 || any_joined) {
     // Second round: the fused prefix is the same everywhere (hash and size),
@@ -382,9 +388,14 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
   return "MPIKVStoreError: " + msg;
 }
 
-int Lane::RunOne(const std::vector<Request*>& cands, bool joined) {
+Ran Lane::RunOne(const std::vector<Request*>& cands, bool joined, int64_t piece_bytes) {
   Agreement a = Agree(cands, joined);
-  if (a.all_joined) return -1;
+  Ran ran;
+  if (a.all_joined) {
+    ran.n = -1;
+    return ran;
+  }
+  ran.n = a.n;
   std::vector<uint64_t> seqs;
   if (!joined) {
     for (int i = 0; i < a.n && i < static_cast<int>(cands.size()); ++i)
@@ -392,16 +403,36 @@ int Lane::RunOne(const std::vector<Request*>& cands, bool joined) {
   }
   if (!a.error.empty()) {
     Finish(seqs, a.error);
-    return a.n;
+    return ran;
+  }
+  Unit& u = a.unit;
+  const int esize = DTypeSize(u.dtype);
+  if (piece_bytes > 0 && u.op == OpKind::kAllreduce && (u.flags & kCompressFp16) == 0 &&
+      a.n == 1 && a.parts == 1 && esize > 0) {
+    // Pieces at fixed multiples of their size from the array's start: the same
+    // MPI calls on each element whatever runs in between, on every rank.
+    const int64_t piece =
+        std::max<int64_t>(1, std::min(piece_bytes, cfg_.chunk_bytes) / esize);
+    if (u.total > piece) u.to = std::min(u.total, u.from + piece);
   }
   const int64_t start = g_timeline_on ? NowUs() : 0;
-  for (Request* r : a.unit.members) r->t_start = start;
+  for (Request* r : u.members)
+    if (r->progress == 0) r->t_start = start;
   Transfer t;
   t.chunk_bytes = cfg_.chunk_bytes;
   t.p2p_bytes = cfg_.p2p_bytes;
-  const std::string err = RunUnit(cfg_.comm, &a.unit, &scratch_, t);
+  const std::string err = RunUnit(cfg_.comm, &u, &scratch_, t);
+  ran.bytes = (u.to >= 0 ? u.to - u.from : u.total) * esize;
+  if (u.to >= 0 && g_timeline_on && !joined)
+    u.members[0]->pieces.emplace_back(start, NowUs());
+  if (u.to >= 0 && u.to < u.total && err.empty()) {
+    if (!joined) u.members[0]->progress = u.to;
+    ran.n = 0;
+    ran.partial = true;
+    return ran;
+  }
   Finish(seqs, err);
-  return a.n;
+  return ran;
 }
 
 void Lane::Finish(const std::vector<uint64_t>& seqs, const std::string& err) {

@@ -39,9 +39,18 @@ struct LaneConfig {
 // Outcome of agreeing on the head of a lane.
 struct Agreement {
   int n = 0;                 // requests (this rank's) the unit consumes; 0 = none
+  int parts = 0;             // arrays of the head request
   bool all_joined = false;   // every rank stands in: a join is complete
   std::string error;         // the unit fails with this on every rank
   Unit unit;                 // what runs (members filled for active ranks)
+};
+
+// What running one unit did; every field follows from the agreement, so it is
+// the same on every rank (funneled bounds its cycles by `bytes`).
+struct Ran {
+  int n = 0;              // requests consumed; -1: every rank had joined
+  int64_t bytes = 0;      // bytes the unit moved (per rank, as agreed)
+  bool partial = false;   // one piece of the head allreduce ran; it stays ready
 };
 
 class Lane {
@@ -75,8 +84,10 @@ class Lane {
   bool WaitServed(double timeout_s);
 
   // Funneled: agree on and run the head unit among `candidates` (seqs in
-  // the order the negotiation fixed); returns how many it consumed.
-  int RunAgreed(const std::vector<uint64_t>& candidates, bool joined);
+  // the order the negotiation fixed). With `piece_bytes` > 0, an allreduce of
+  // one array larger than min(piece_bytes, chunk_bytes) runs one piece of that
+  // size per call (pre-emptible: other units may run between its pieces).
+  Ran RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_t piece_bytes);
   // Funneled: ready sequence numbers in [from, to), with their priorities.
   std::vector<std::pair<uint64_t, int>> ReadyBetween(uint64_t from, uint64_t to);
   bool HasReady();
@@ -86,8 +97,8 @@ class Lane {
   // Under mu_: the consecutive ready requests at the head (fusable prefix).
   std::vector<Request*> HeadCandidates();
   // Agree on and run one unit made from `cands` (this rank's, possibly
-  // empty when standing in). Returns requests consumed, -1 if all joined.
-  int RunOne(const std::vector<Request*>& cands, bool joined);
+  // empty when standing in).
+  Ran RunOne(const std::vector<Request*>& cands, bool joined, int64_t piece_bytes = 0);
   Agreement Agree(const std::vector<Request*>& cands, bool joined);
   std::string DescribeFailure(const std::vector<Request*>& cands, bool joined);
   void Finish(const std::vector<uint64_t>& seqs, const std::string& err);

@@ -379,6 +379,23 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) 
   const bool average = (u->flags & kAverage) != 0;
   const bool compress = (u->flags & kCompressFp16) != 0 &&
                         (u->dtype == kFloat32 || u->dtype == kFloat64);
+  if (u->to >= 0) {
+    // One piece of a pre-emptible allreduce (one array, no compression): the
+    // stand-in of a joined rank contributes the identity for the piece alone.
+    const int64_t len = u->to - u->from;
+    if (u->joined) {
+      char* buf = s->Get(&s->a, static_cast<size_t>(len) * esize);
+      FillIdentity(buf, len, u->dtype, u->flags);
+      return ReduceChunked(comm, buf, buf, len, u->dtype, u->flags, t, s, name);
+    }
+    Part& part = u->members[0]->parts[0];
+    const char* in = static_cast<const char*>(part.in) + u->from * esize;
+    char* out = static_cast<char*>(part.out) + u->from * esize;
+    std::string err = ReduceChunked(comm, part.in == part.out ? out : in, out, len, u->dtype,
+                                    u->flags, t, s, name);
+    if (err.empty() && average) Divide(out, len, u->dtype, u->active);
+    return err;
+  }
   if (u->members.size() == 1 && u->members[0]->parts.size() == 1 && !u->joined) {
     Part& part = u->members[0]->parts[0];
     if (compress) {

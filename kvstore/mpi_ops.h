@@ -25,6 +25,11 @@ struct Unit {
   int64_t row = 1;       // elements per first-dimension row
   int active = 0;        // ranks that have not joined (the divisor of averages)
   bool joined = false;   // this rank stands in (contributes nothing, keeps nothing)
+  // A pre-emptible allreduce (one array) runs elements [from, to) only; the
+  // pieces' bounds are fixed multiples of the piece size, so the MPI calls on
+  // each element are the same whichever units run in between.
+  int64_t from = 0;
+  int64_t to = -1;       // -1: to the end
 };
 
 // Reusable scratch memory of one lane (fusion buffer, stand-in buffers).

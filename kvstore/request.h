@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mxnet_mpi {
@@ -73,6 +74,11 @@ struct Request {
   std::function<void(const std::string&)> done;
   uint64_t flight = 0;
   int64_t t_enqueue = 0, t_ready = 0, t_start = 0;
+  // Funneled pre-emption: elements of this allreduce already reduced (it moves
+  // piece by piece, other units may run in between), and with the timeline on
+  // when each piece ran (start, end in us).
+  int64_t progress = 0;
+  std::vector<std::pair<int64_t, int64_t>> pieces;
 
   int64_t Count() const {
     int64_t n = 0;

@@ -315,16 +315,27 @@ void Store::NegotiationLoop() {
       for (size_t k : idx) sorted.push_back(run[k]);
       run.swap(sorted);
     }
+    // Bounded cycle: once it moved preempt_bytes, what stays agreed and ready
+    // is negotiated afresh with whatever became ready meanwhile, so a more
+    // urgent gradient goes first. Units and their sizes are agreed, so every
+    // rank stops at the same place.
+    const int64_t budget = options_.preempt_bytes;
     std::vector<uint64_t> remaining = run;
     size_t consumed = 0;
+    int64_t moved = 0;
     while (consumed < run.size()) {
-      const int n = lane->RunAgreed(serving ? std::vector<uint64_t>() : remaining, serving);
-      if (n <= 0) break;  // cannot happen while ranks agree; never spin
+      const Ran r = lane->RunAgreed(serving ? std::vector<uint64_t>() : remaining, serving,
+                                    budget);
+      if (r.n <= 0 && !r.partial) break;  // cannot happen while ranks agree; never spin
       if (serving) FlightTouch(serve_flight_);
-      if (!serving) remaining.erase(remaining.begin(), remaining.begin() + n);
-      consumed += n;
+      if (!serving) {
+        for (int k = 0; k < r.n; ++k) done_beyond_base_.insert(remaining[k]);
+        remaining.erase(remaining.begin(), remaining.begin() + r.n);
+      }
+      consumed += r.n;
+      moved += r.bytes;
+      if (budget > 0 && moved >= budget) break;
     }
-    for (uint64_t seq : run) done_beyond_base_.insert(seq);
     while (done_beyond_base_.count(base_)) done_beyond_base_.erase(base_++);
     retry = !serving && lane->HasReady();
   }

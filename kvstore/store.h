@@ -5,8 +5,10 @@
 //             collectives one at a time in push order, and the engine thread
 //             that runs the op runs MPI itself (no hand-off).
 // funneled    one lane and one thread; each cycle the ranks AND a bitmask of
-//             locally ready sequence numbers and run exactly the agreed ones,
-//             highest priority first, fusing small allreduces.
+//             locally ready sequence numbers and run the agreed ones, highest
+//             priority first, fusing small allreduces, until the cycle has
+//             moved preempt_bytes; large allreduces move in pieces, so a more
+//             urgent array that becomes ready meanwhile goes in between.
 // concurrent  a lane for small arrays (fused when ready together) and lanes
 //             for large ones, each with its own communicator and thread, so
 //             large transfers run side by side and never block small ones.
@@ -38,6 +40,9 @@ struct StoreOptions {
   int64_t p2p_bytes = 0;      // allreduce chunks this big take our point-to-point allreduce
   int large_lanes = 1;        // concurrent: lanes for large arrays
   int cycle_us = 0;           // funneled: pause after a cycle that agreed on nothing
+  // funneled: a cycle ends once its units moved this many bytes, and larger
+  // allreduces move in pieces of at most this size (0: cycles run all agreed)
+  int64_t preempt_bytes = 0;
 };
 
 class Store {

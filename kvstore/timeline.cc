@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace mxnet_mpi {
@@ -16,6 +17,7 @@ struct Event {
   int op;
   int64_t count, enqueue, ready, start, end;
   bool ok;
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // a pre-empted allreduce's
 };
 
 std::mutex g_mu;
@@ -43,7 +45,7 @@ void TimelineRecord(const Request& r, bool ok) {
   const int64_t end = NowUs();
   std::lock_guard<std::mutex> lock(g_mu);
   g_events.push_back(Event{r.desc, static_cast<int>(r.op), r.Count(), r.t_enqueue, r.t_ready,
-                           r.t_start ? r.t_start : r.t_ready, end, ok});
+                           r.t_start ? r.t_start : r.t_ready, end, ok, r.pieces});
 }
 
 void TimelineStop() {
@@ -76,12 +78,22 @@ std::string TimelineDump(const std::string& path, int rank) {
     std::fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"collective\", \"ph\": \"X\", \"pid\": %d, "
                  "\"tid\": 2, \"ts\": %lld, \"dur\": %lld, \"args\": {\"op\": \"%s\", "
                  "\"elements\": %lld, \"enqueue_us\": %lld, \"ready_us\": %lld, "
-                 "\"start_us\": %lld, \"end_us\": %lld, \"ok\": %s}}",
+                 "\"start_us\": %lld, \"end_us\": %lld, \"ok\": %s",
                  name.c_str(), pid, static_cast<long long>(e.start),
                  static_cast<long long>(e.end - e.start), verb, static_cast<long long>(e.count),
                  static_cast<long long>(e.enqueue), static_cast<long long>(e.ready),
                  static_cast<long long>(e.start), static_cast<long long>(e.end),
                  e.ok ? "true" : "false");
+    if (!e.pieces.empty()) {
+      // pre-empted: when each piece ran (other collectives ran in between)
+      std::fprintf(f, ", \"pieces_us\": [");
+      for (size_t i = 0; i < e.pieces.size(); ++i)
+        std::fprintf(f, "%s[%lld, %lld]", i ? ", " : "",
+                     static_cast<long long>(e.pieces[i].first),
+                     static_cast<long long>(e.pieces[i].second));
+      std::fprintf(f, "]");
+    }
+    std::fprintf(f, "}}");
     if (e.enqueue && e.ready > e.enqueue) {
       std::fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"inputs\", \"ph\": \"X\", \"pid\": %d, "
                    "\"tid\": 0, \"ts\": %lld, \"dur\": %lld}", name.c_str(), pid,

@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -218,7 +218,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_last_error.restype = ctypes.c_char_p
     i, d, i64 = ctypes.c_int, ctypes.c_double, ctypes.c_int64
     pi, pi64 = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64)
-    lib.mxmpi_init.argtypes = [i, i64, i64, i64, i, i, pi, pi, pi, pi, pi]
+    lib.mxmpi_init.argtypes = [i, i64, i64, i64, i, i, i64, pi, pi, pi, pi, pi]
     lib.mxmpi_announce_finish.argtypes = []
     lib.mxmpi_finalize.argtypes = []
     lib.mxmpi_python_exit.argtypes = []
@@ -228,12 +228,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_comm_split.argtypes = [i, i, i, pi]
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_free.argtypes = [i]
-    lib.mxmpi_store_create.argtypes = [i, i, ctypes.c_char_p, i64, i64, i64, i64, i, i, pi]
+    lib.mxmpi_store_create.argtypes = [i, i, ctypes.c_char_p, i64, i64, i64, i64, i, i, i64,
+                                       pi]
     lib.mxmpi_store_push.argtypes = [i, ctypes.POINTER(CallDesc), i, i, pi, ctypes.c_char_p]
     lib.mxmpi_store_join.argtypes = [i]
     lib.mxmpi_store_close.argtypes = [i]
     lib.mxmpi_store_info.argtypes = [i, pi64, pi64, pi64]
-    lib.mxmpi_store_options.argtypes = [i, pi64, pi64, pi64, pi, pi]
+    lib.mxmpi_store_options.argtypes = [i, pi64, pi64, pi64, pi, pi, pi64]
     lib.mxmpi_server_wait.argtypes = [NDArrayHandle, ctypes.c_char_p, i, pi64]
     lib.mxmpi_hold_write.argtypes = [NDArrayHandle, ctypes.c_char_p, pi64]
     lib.mxmpi_release_write.argtypes = [i64, NDArrayHandle]

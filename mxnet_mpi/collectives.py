@@ -139,7 +139,7 @@ class Stream:
         _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
                                              opts["small_bytes"], opts["chunk_bytes"],
                                              opts.get("p2p_bytes", 0), opts["large_lanes"],
-                                             opts["cycle_us"],
+                                             opts["cycle_us"], opts.get("preempt_bytes", 0),
                                              ctypes.byref(out)))
         self.id = out.value
         self._closed = False
@@ -177,7 +177,7 @@ class Stream:
     def options(self) -> dict:
         """The settings the native store runs with (settings.store_options keys)."""
         vals = [ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(),
-                ctypes.c_int()]
+                ctypes.c_int(), ctypes.c_int64()]
         _native.check(LIB.mxmpi_store_options(self.id, *[ctypes.byref(v) for v in vals]))
         return dict(zip(settings.STORE_OPTIONS, (v.value for v in vals)))
 

@@ -120,6 +120,12 @@ TABLE: tuple = (
             "this"),
     Setting("MXNET_MPI_CYCLE_US", "int", 200,
             "funneled: pause after a cycle in which ranks agreed on nothing"),
+    Setting("MXNET_MPI_PREEMPT_BYTES", "int", 4 << 20,
+            "funneled: a cycle ends once it has moved this many bytes, and a larger allreduce "
+            "of one array moves in pieces of at most this size (and of "
+            "MXNET_MPI_CHUNK_BYTES), so a more urgent gradient that becomes ready meanwhile "
+            "runs between them ([modes.md](modes.md#pre-emption)); 0: each cycle runs "
+            "everything the ranks agreed on, whole (at least 4096 otherwise)"),
     Setting("MXNET_MPI_STALL_WARN_S", "float", 60.0,
             "warn (naming the missing ranks) when a collective, or a SyncBatchNorm meeting of "
             "a rank's devices, has waited this long", default_doc="60"),
@@ -175,7 +181,7 @@ BY_NAME: dict = {s.name: s for s in TABLE}
 # The native stream settings (StoreOptions in kvstore/store.h): argument -> variable.
 STORE_OPTIONS = {"fusion_bytes": "MXNET_MPI_FUSION_BYTES", "small_bytes": "MXNET_MPI_SMALL_BYTES",
                  "chunk_bytes": "MXNET_MPI_CHUNK_BYTES", "large_lanes": "MXNET_MPI_LARGE_LANES",
-                 "cycle_us": "MXNET_MPI_CYCLE_US"}
+                 "cycle_us": "MXNET_MPI_CYCLE_US", "preempt_bytes": "MXNET_MPI_PREEMPT_BYTES"}
 
 _cache: dict = {}   # name -> (raw, value)
 

@@ -7,7 +7,8 @@ on 1, 2 and 3 ranks, and on 2 ranks with MXNet's synchronous NaiveEngine;
 every other registered mode ('mpi_<mode>') on 2 and 3 ranks. The default
 store also runs on 3 ranks with every allreduce through the
 store's own point-to-point allreduce (MXNET_MPI_P2P_BYTES; across hosts by
-default).
+default), and with the smallest pre-emption budget (MXNET_MPI_PREEMPT_BYTES:
+allreduces of one array above 4 KiB move in pieces, one per cycle).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ RANK_COUNTS = (1, 2, 3)
 DEFAULT_RUNS = [("mpi", n, "") for n in RANK_COUNTS]
 MODE_RUNS = [("mpi_" + m, n, "") for m in mxnet_mpi.MODES if m != mxnet_mpi.DEFAULT_MODE
              for n in (2, 3)]
-ALL_RUNS = DEFAULT_RUNS + [("mpi", 2, "NaiveEngine"), ("mpi", 3, "p2p")] + MODE_RUNS
+ALL_RUNS = DEFAULT_RUNS + [("mpi", 2, "NaiveEngine"), ("mpi", 3, "p2p"),
+                           ("mpi", 3, "preempt")] + MODE_RUNS
 
 SECTIONS = (
     "world", "pushpull_inplace", "pushpull_out", "pushpull_out_list", "pushpull_devices",
@@ -47,6 +49,8 @@ def results(store: str, np_: int, engine: str, tmp_path_factory) -> list:
         env = {"MXMPI_TEST_STORE": store}
         if engine == "p2p":
             env["MXNET_MPI_P2P_BYTES"] = "1"
+        elif engine == "preempt":   # funneled: every allreduce above 4 KiB in pieces
+            env["MXNET_MPI_PREEMPT_BYTES"] = "4096"
         elif engine:
             env["MXNET_ENGINE_TYPE"] = engine
         proc = run_pooled("collectives_exact.py", np_, str(out), timeout=240, env=env)

@@ -49,9 +49,30 @@ def test_unknown_mode_in_environment_is_a_clear_error():
     assert "chained, funneled, concurrent" in proc.stderr
 
 
-# every mode once, on 2 or 3 ranks in turn (each pair costs ~15 s on 2 cores)
-@pytest.mark.parametrize("mode,nranks", [("chained", 3), ("funneled", 2), ("concurrent", 3)])
-def test_stress_thousands_of_collectives(mode, nranks):
+# every mode once, on 2 or 3 ranks in turn (each pair costs ~15 s on 2 cores);
+# funneled once more with the smallest pre-emption budget: every allreduce above
+# 4 KiB moves in pieces, and priorities differ between ranks (stress.py)
+TINY_BUDGET = {"MXNET_MPI_PREEMPT_BYTES": "4096"}
+
+
+@pytest.mark.parametrize("mode,nranks,env", [("chained", 3, None), ("funneled", 2, None),
+                                             ("concurrent", 3, None),
+                                             ("funneled", 3, TINY_BUDGET)],
+                         ids=["chained", "funneled", "concurrent", "funneled-preempt"])
+def test_stress_thousands_of_collectives(mode, nranks, env):
     """No hang (run_mpi's timeout fails the test) and exact sums, every mode."""
-    proc = run_pooled("stress.py", nranks, mode, "2000", "200", timeout=240)
+    proc = run_pooled("stress.py", nranks, mode, "2000", "200", timeout=240, env=env)
     assert proc.stdout.count("STRESS_OK") == nranks
+
+
+def test_preemption_lets_an_urgent_array_pass_a_large_one(tmp_path):
+    """Funneled, budget 4 KiB: a small array of higher priority, pushed while
+    an 8 MiB allreduce moves, completes first, between two of its pieces; sums
+    and averages exact with priorities that differ between ranks; a rank that
+    joins stands in for pieces (preempt.py)."""
+    proc = run_pooled("preempt.py", 3, str(tmp_path), timeout=180, env=TINY_BUDGET)
+    assert proc.stdout.count("PREEMPT_OK") == 3, proc.stdout
+    order = [ln for ln in proc.stdout.splitlines() if ln.startswith("ORDER ")]
+    assert len(order) == 3
+    for ln in order:
+        assert "small_first=True pieces=2048 between=True" in ln, proc.stdout

@@ -115,7 +115,7 @@ def test_store_zero_takes_the_settings(tmp_path):
     seen = json.loads(line[0][len("RESULT "):])
     assert "MXNET_MPI_CHUNK_BYTES must be an integer, got '64k'" in seen["bad"]
     want = {"fusion_bytes": 12345, "small_bytes": 64 << 10, "chunk_bytes": 65536,
-            "large_lanes": 1, "cycle_us": 77}
+            "large_lanes": 1, "cycle_us": 77, "preempt_bytes": 4 << 20}
     assert seen["store0"] == want
     assert seen["mpi"] == want
     assert seen["exact"]
