@@ -25,9 +25,11 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    gradients, no compute); no overlap (backward, wait, then allreduce); each
    mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); ``mpi fp16``
    (the default mode with fp16 gradient compression: half the bytes on the
-   wire, its comm-only time in the note); Horovod 0.28.1
-   DistributedTrainer when importable (else a skipped row; it runs with oneDNN
-   off, which it needs, and its note gives its own compute time); ps-lite
+   wire, its comm-only time in the note); with Horovod 0.28.1 importable, a
+   pair with equal compute: ``horovod`` (its DistributedTrainer) and ``mpi
+   oneDNN off`` (our default store), both with oneDNN off, which Horovod needs,
+   both timed by this file's worker with the same Open MPI settings, each note
+   giving its compute-only time (without Horovod, two skipped rows); ps-lite
    ``dist_sync`` with its server on host N, and with more than 2 hosts (or
    ``--server-per-host``) ``dist_sync 1/host``: one server on each worker's
    host.
@@ -81,7 +83,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--server-per-host", action="store_true",
                     help="also dist_sync with one server per host (always with > 2 hosts)")
     ap.add_argument("--outdir", default=str(HERE / "results"))
-    ap.add_argument("--worker", choices=("pslite", "horovod"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("pslite", "horovod", "mpi"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.model = args.model or ("resnet18_v1" if args.quick else "resnet50_v1b")
@@ -92,7 +94,8 @@ def parse() -> argparse.Namespace:
 
 # ----------------------------------------------------------------- peer workers
 def peer_worker(args: argparse.Namespace) -> None:
-    """Time Trainer steps with ps-lite dist_sync or Horovod's DistributedTrainer."""
+    """Time Trainer steps with ps-lite dist_sync, Horovod's DistributedTrainer or
+    (as Horovod's equal-compute partner) our default store."""
     import mxnet as mx
     from gluoncv.model_zoo import get_model
     from mxnet import autograd, gluon
@@ -127,10 +130,15 @@ def peer_worker(args: argparse.Namespace) -> None:
         import horovod.mxnet as hvd
         hvd.init()
         rank = hvd.rank()
-        # Horovod runs with oneDNN off (see horovod_run): its own compute-only time
+        # Horovod runs with oneDNN off (see equal_compute_run): its own compute-only time
         out["compute"] = timed(gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=None))
         hvd.broadcast_parameters(net.collect_params(), root_rank=0)
         trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
+    elif args.worker == "mpi":
+        import mxnet_mpi
+        rank = mxnet_mpi.rank()
+        out["compute"] = timed(gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=None))
+        trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore="mpi")
     else:
         kv = mx.kv.create("dist_sync")
         rank = kv.rank
@@ -200,21 +208,29 @@ def pslite_run(cluster, args: argparse.Namespace, out_json: Path,
                 p.wait()
 
 
-def horovod_run(cluster, args: argparse.Namespace, out_json: Path) -> dict | None:
-    """Horovod's DistributedTrainer on hosts 0 and 1 ({'step', 'compute'} in
-    seconds), or None if Horovod is not installed."""
+def horovod_installed() -> bool:
     probe = subprocess.run([sys.executable, "-c", "import horovod.mxnet"], capture_output=True)
-    if probe.returncode != 0:
-        return None
-    cmd = cluster.mpirun(args.hosts, [sys.executable, __file__, "--worker", "horovod",
+    return probe.returncode == 0
+
+
+def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: str) -> dict:
+    """Horovod's DistributedTrainer (`kind` "horovod") or our default store
+    (`kind` "mpi") on hosts 0 and 1, by this file's own worker with one timing
+    loop, oneDNN off and the same Open MPI settings for both:
+    {'step', 'compute'} in seconds."""
+    from mxnet_mpi import transport
+
+    cmd = cluster.mpirun(args.hosts, [sys.executable, __file__, "--worker", kind,
                                       "--worker-json",
                              str(out_json), "--model", args.model, "--image-size",
                              str(args.image_size), "--batch", str(args.batch),
                              "--steps", str(args.steps)], per_host=1)
     # Horovod 0.28.1 cannot reduce arrays in oneDNN layouts (MXNetError "We can't
-    # generate TBlob for MKLDNN data"): it runs with oneDNN off, so its row's
-    # note gives its own compute-only time in that setting.
+    # generate TBlob for MKLDNN data"): it runs with oneDNN off, and so does its
+    # partner row. Our transport defaults go into the environment explicitly, so
+    # Horovod's MPI starts with them too (not only through `import mxnet_mpi`).
     env = dict(job_env(cluster), MXNET_MKLDNN_ENABLED="0")
+    transport.apply(env)
     subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=600)
     return json.loads(out_json.read_text())
 
@@ -320,12 +336,15 @@ def drive(args: argparse.Namespace) -> None:
             row("mpi fp16", t["fp16"], cpu="fp16",
                 note="compression fp16: %.1f MB on the wire, comm only %.0f ms"
                 % (res["grad_bytes"] / 2 / 2**20, t["comm_fp16"] * 1e3))
-            hv = horovod_run(cluster, args, outdir / ("cluster_hvd_%g.json" % rate))
-            if hv is None:
-                row("horovod", None, skipped=True, note="not installed")
+            if not horovod_installed():
+                for store in ("mpi oneDNN off", "horovod"):
+                    row(store, None, skipped=True, note="Horovod not installed")
             else:
-                row("horovod", hv["step"], note="oneDNN off; its compute-only: %.0f ms"
-                    % (hv["compute"] * 1e3))
+                for store, kind in (("mpi oneDNN off", "mpi"), ("horovod", "horovod")):
+                    eq = equal_compute_run(cluster, args,
+                                           outdir / ("cluster_%s_%g.json" % (kind, rate)), kind)
+                    row(store, eq["step"], note="oneDNN off (equal compute with Horovod); its "
+                        "compute-only: %.0f ms" % (eq["compute"] * 1e3))
             ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
             row("dist_sync", ps["step"], note="server on host %d" % args.hosts)
             if args.hosts > 2 or args.server_per_host:

@@ -616,7 +616,7 @@ def _cluster_targets(rows: list, mode: str | None) -> list:
     """The cross-host targets, read from the rows: comm only <= 1.15x the wire
     time, at most 10% of a core while waiting, the default store's step
     <= 1.10x max(compute, comm), >= 1.15x faster than dist_sync (1.5x at 4 hosts
-    and more), ahead of Horovod."""
+    and more), ahead of Horovod with equal compute."""
     def at(store, g):
         return next((r for r in rows if r["store"] == store
                      and (r.get("hosts"), r["link_gbit"]) == g), None)
@@ -661,8 +661,13 @@ def _cluster_targets(rows: list, mode: str | None) -> list:
                 verdict([x >= n for x, n in zip(sp, need)]), ", ".join("%.2fx" % x for x in sp),
                 ", ".join("%s vs %s" % (sig(ours[g]), sig(t)) for g, t in zip(groups, theirs))))
     theirs = [step("horovod", g) for g in groups]
-    if all(x is not None for x in theirs):
-        lines.append("- ahead of Horovod: %s (%s ms);" % (
+    partner = [step("mpi oneDNN off", g) for g in groups]   # equal compute with Horovod
+    if all(x is not None for x in theirs + partner):
+        lines.append("- ahead of Horovod with equal compute (both oneDNN off): %s (%s ms);" % (
+            verdict([m <= t for m, t in zip(partner, theirs)]),
+            ", ".join("%s vs %s" % (sig(m), sig(t)) for m, t in zip(partner, theirs))))
+    elif all(x is not None for x in theirs):   # runs from before the equal-compute pair
+        lines.append("- ahead of Horovod (its compute is oneDNN off, ours on): %s (%s ms);" % (
             verdict([ours[g] <= t for g, t in zip(groups, theirs)]),
             ", ".join("%s vs %s" % (sig(ours[g]), sig(t)) for g, t in zip(groups, theirs))))
     none = [step("no overlap", g) for g in groups]
