@@ -366,8 +366,11 @@ def main() -> None:
             for k, v in r.items():
                 rows.append({"part": "calls", "bytes": nbytes, "what": k, "value": round(v, 2),
                              "unit": "us"})
+    described = {}   # what the trainer and fusion parts ran, for the note
     if "trainer" in parts:
         r = run_job(args, "trainer", args.np)
+        described["trainer"] = ("resnet50_v1b, %d gradient arrays, kvstore='mpi' (the default "
+                                "mode: %s)" % (r["gradients"], r["mode"]))
         print("\nTrainer gradient reduction, Python-thread time, resnet50_v1b (%d gradients, "
               "mode %s)" % (r["gradients"], r["mode"]))
         print("  prebuilt plan (one native call): %.2f ms; one pushpull per gradient: %.2f ms "
@@ -425,7 +428,9 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=["part", "bytes", "what", "value", "unit"])
         w.writeheader()
         w.writerows(rows)
-    write_meta(outdir / "overhead.csv", quick=args.quick)
+    if "fusion" in parts:
+        described["fusion"] = "resnet50_v1b"
+    write_meta(outdir / "overhead.csv", quick=args.quick, parts=described)
     plot(rows, outdir / "overhead.png")
     print("\nwrote %s and %s" % (outdir / "overhead.csv", outdir / "overhead.png"))
 

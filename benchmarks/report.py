@@ -384,7 +384,8 @@ def _overhead(ctx: Ctx, p: Path, rows: list, meta: dict) -> list:
 
 
 def sec_overhead(ctx: Ctx) -> str | None:
-    found = [p for p in (ctx.csv("overhead.csv"), ctx.csv("overhead-step/overhead.csv")) if p]
+    found = [p for p in (ctx.csv("overhead.csv"), ctx.csv("overhead-loaded/overhead.csv"),
+                         ctx.csv("overhead-step/overhead.csv")) if p]
     if not found:
         return None
     out = ["## Per-call cost: `make bench-overhead`", "",
