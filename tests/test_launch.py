@@ -153,6 +153,25 @@ def test_launcher_imports_neither_mxnet_nor_the_native_library():
     assert "ps-lite scheduler at" in out and "LOADED []" in out, out[-3000:]
 
 
+def test_scheduler_command_loads_libmxnet_without_the_mxnet_package():
+    """The launcher's ps-lite scheduler (mxnet_mpi/pslite_roles.py) imports no
+    mxnet module: here without DMLC_ROLE, it names what is missing and stops;
+    every launch with --servers in this suite runs it for real."""
+    from mxnet_mpi.pslite_roles import role_command
+
+    cmd = role_command("scheduler")
+    env = {k: v for k, v in mpi_env().items() if k != "DMLC_ROLE"}
+    proc = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], capture_output=True,
+                          text=True, env=env, cwd=str(ROOT), timeout=60)
+    assert proc.returncode != 0 and "needs DMLC_ROLE=scheduler" in proc.stderr, proc.stderr
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert "ctypes" in imported and not any(m.split(".")[0] == "mxnet" for m in imported)
+    assert role_command("server")[-1] == "import mxnet"   # MXNet's own server
+    with pytest.raises(ValueError, match="unknown ps-lite role 'worker'"):
+        role_command("worker")
+
+
 @pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
 def test_mxnet_own_parameter_server_exits_as_without_us(kvstore):
     """MXNet's own dist_sync/dist_async through the launcher (which runs the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -79,8 +80,6 @@ class Results:
 
     def run(self, name: str, fn, *args) -> None:
         """Run one section; record OK, or FAIL with mismatches or the exception."""
-        import time
-
         import mxnet as mx
         self.failures = []
         error = None
