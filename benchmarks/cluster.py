@@ -25,11 +25,15 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    gradients, no compute); no overlap (backward, wait, then allreduce); each
    mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); ``mpi fp16``
    (the default mode with fp16 gradient compression: half the bytes on the
-   wire, its comm-only time in the note); with Horovod 0.28.1 importable, a
-   pair with equal compute: ``horovod`` (its DistributedTrainer) and ``mpi
-   oneDNN off`` (our default store), both with oneDNN off, which Horovod needs,
-   both timed by this file's worker with the same Open MPI settings, each note
-   giving its compute-only time (without Horovod, two skipped rows); ps-lite
+   wire, its comm-only time in the note); with Horovod 0.28.1 importable,
+   rows with equal compute, all with oneDNN off (which Horovod needs), timed by
+   this file's worker under the same mpirun, binding, cpusets and Open MPI
+   settings: ``mpi oneDNN off`` (our default store), ``horovod`` (its
+   DistributedTrainer, its own settings at their defaults) and ``horovod
+   yield`` (the same with Open MPI's yield_when_idle, a sensitivity row), each
+   with its own compute-only and comm-only times, its CPU while communicating
+   and its library threads' CPU during compute (the own_* and
+   lib_cpu_in_compute columns; without Horovod, skipped rows); ps-lite
    ``dist_sync`` with its server on host N, and with more than 2 hosts (or
    ``--server-per-host``) ``dist_sync 1/host``: one server on each worker's
    host.
@@ -109,43 +113,74 @@ def peer_worker(args: argparse.Namespace) -> None:
     net(x).wait_to_read()
     opt = {"learning_rate": 1e-3}
 
-    def timed(trainer) -> float:
+    cpu = {}
+
+    def timed(name: str, step) -> float:
+        for _ in range(2 if args.steps > 3 else 1):
+            step()
+            mx.nd.waitall()
+        t0, c0, th0 = time.perf_counter(), time.process_time(), thread_cpu()
+        for _ in range(args.steps):
+            step()
+        mx.nd.waitall()
+        wall = time.perf_counter() - t0
+        th1 = thread_cpu()
+        cpu[name] = (time.process_time() - c0) / wall
+        # CPU of the threads the communication library started (its init below)
+        cpu[name + "_lib"] = sum(th1.get(t, 0) - th0.get(t, 0) for t in th1
+                                 if t not in before) / wall
+        return wall / args.steps
+
+    def train(trainer):
         def step():
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
             trainer.step(args.batch)
+        return step
 
-        for _ in range(2 if args.steps > 3 else 1):
-            step()
-            mx.nd.waitall()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        mx.nd.waitall()
-        return (time.perf_counter() - t0) / args.steps
-
+    before = set(thread_cpu())   # this process's threads before the library starts
     out = {}
+    local = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=None)
     if args.worker == "horovod":
         import horovod.mxnet as hvd
         hvd.init()
         rank = hvd.rank()
         # Horovod runs with oneDNN off (see equal_compute_run): its own compute-only time
-        out["compute"] = timed(gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=None))
+        out["compute"] = timed("compute", train(local))
         hvd.broadcast_parameters(net.collect_params(), root_rank=0)
         trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
     elif args.worker == "mpi":
         import mxnet_mpi
         rank = mxnet_mpi.rank()
-        out["compute"] = timed(gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=None))
+        # the store starts before the compute-only loop, as Horovod's hvd.init() does
         trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore="mpi")
+        trainer._init_kvstore()
+        out["compute"] = timed("compute", train(local))
     else:
         kv = mx.kv.create("dist_sync")
         rank = kv.rank
         trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
-    out["step"] = timed(trainer)
+    out["step"] = timed("step", train(trainer))
+    if args.worker in ("horovod", "mpi"):
+        # comm only: the Trainer's allreduce of the gradients (the last backward's), no compute
+        out["comm"] = timed("comm", trainer.allreduce_grads)
+    out["cpu_per_wall"] = cpu
     if rank == 0:
         Path(args.worker_json).write_text(json.dumps(out))
+
+
+def thread_cpu() -> dict:
+    """CPU seconds of each of this process's threads, by thread id (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:   # the thread ended meanwhile
+            continue
+        out[task.name] = (int(fields[11]) + int(fields[12])) / tick   # utime + stime
+    return out
 
 
 # ----------------------------------------------------------------- driver
@@ -208,12 +243,31 @@ def pslite_run(cluster, args: argparse.Namespace, out_json: Path,
                 p.wait()
 
 
-def horovod_installed() -> bool:
-    probe = subprocess.run([sys.executable, "-c", "import horovod.mxnet"], capture_output=True)
-    return probe.returncode == 0
+# The rows with equal compute (oneDNN off): (store, worker, extra environment).
+# "horovod" runs at Horovod's and our transport defaults; "horovod yield" adds
+# Open MPI's yield_when_idle, which stops its threads polling the core that
+# computes (not a default of Horovod's: a sensitivity row, not the comparison).
+EQUAL_COMPUTE = (("mpi oneDNN off", "mpi", {}), ("horovod", "horovod", {}),
+                 ("horovod yield", "horovod", {"OMPI_MCA_mpi_yield_when_idle": "1"}))
+# Columns filled for those rows only, measured in the row's own process:
+# own_compute_ms / own_comm_ms (compute only, and the Trainer's allreduce of the
+# gradients alone), own_comm_cpu_per_wall (CPU time / wall time while comm only),
+# lib_cpu_in_compute (CPU of the threads the library started, in cores, during
+# compute only: Horovod's background thread, our store's threads, MPI's).
+OWN_COLUMNS = ("own_compute_ms", "own_comm_ms", "own_comm_cpu_per_wall", "lib_cpu_in_compute")
 
 
-def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: str) -> dict:
+def horovod_installed() -> str | None:
+    """Horovod's version where horovod.mxnet imports, else None."""
+    probe = subprocess.run([sys.executable, "-c", "import horovod.mxnet, horovod; "
+                            "print(horovod.__version__)"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return None
+    return probe.stdout.strip() or "?"
+
+
+def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: str,
+                      extra_env: dict | None = None) -> dict:
     """Horovod's DistributedTrainer (`kind` "horovod") or our default store
     (`kind` "mpi") on hosts 0 and 1, by this file's own worker with one timing
     loop, oneDNN off and the same Open MPI settings for both:
@@ -229,8 +283,9 @@ def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: s
     # generate TBlob for MKLDNN data"): it runs with oneDNN off, and so does its
     # partner row. Our transport defaults go into the environment explicitly, so
     # Horovod's MPI starts with them too (not only through `import mxnet_mpi`).
-    env = dict(job_env(cluster), MXNET_MKLDNN_ENABLED="0")
+    env = dict(job_env(cluster), MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
     transport.apply(env)
+    env.update(extra_env or {})
     subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=600)
     return json.loads(out_json.read_text())
 
@@ -270,6 +325,7 @@ def drive(args: argparse.Namespace) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     rows, checks, loads = [], [], [loadavg()]
+    horovod = horovod_installed()
     cpus = netns.own_cores(args.hosts) + [None] if args.bind == "cores" else None
     with netns.NetnsCluster(args.hosts + 1, cpus=cpus) as cluster:
         binding = cluster.binding()
@@ -315,14 +371,16 @@ def drive(args: argparse.Namespace) -> None:
             wire = wire_ms(res["grad_bytes"], rate, args.hosts)
 
             def row(store, secs, skipped=False, rate=rate, compute=compute, comm=comm,
-                    res=res, note="", cpu=None, wire=wire):
+                    res=res, note="", cpu=None, wire=wire, cpu_value=None, own=None):
                 rows.append({"link_gbit": rate, "store": store,
                              "ms_per_step": None if skipped else secs * 1e3,
                              "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
                              "grad_MB": res["grad_bytes"] / 2**20, "hosts": args.hosts,
                              "wire_ms": wire,
-                             "cpu_per_wall": mean(res.get("cpu_per_wall", {}).get(cpu, [])),
-                             "chunk_bytes": args.chunk_bytes or "default", "note": note})
+                             "cpu_per_wall": cpu_value if cpu_value is not None
+                             else mean(res.get("cpu_per_wall", {}).get(cpu, [])),
+                             "chunk_bytes": args.chunk_bytes or "default",
+                             **{k: (own or {}).get(k) for k in OWN_COLUMNS}, "note": note})
             row("compute only", compute, cpu="compute",
                 note="CPU/wall per rank %s; %s; load average %s"
                 % (fmt_cpu(res, "compute"), binding, loads[-1]))
@@ -336,15 +394,25 @@ def drive(args: argparse.Namespace) -> None:
             row("mpi fp16", t["fp16"], cpu="fp16",
                 note="compression fp16: %.1f MB on the wire, comm only %.0f ms"
                 % (res["grad_bytes"] / 2 / 2**20, t["comm_fp16"] * 1e3))
-            if not horovod_installed():
-                for store in ("mpi oneDNN off", "horovod"):
+            if not horovod:
+                for store, _kind, _env in EQUAL_COMPUTE:
                     row(store, None, skipped=True, note="Horovod not installed")
             else:
-                for store, kind in (("mpi oneDNN off", "mpi"), ("horovod", "horovod")):
+                for store, kind, extra in EQUAL_COMPUTE:
                     eq = equal_compute_run(cluster, args,
-                                           outdir / ("cluster_%s_%g.json" % (kind, rate)), kind)
-                    row(store, eq["step"], note="oneDNN off (equal compute with Horovod); its "
-                        "compute-only: %.0f ms" % (eq["compute"] * 1e3))
+                                           outdir / ("cluster_%s_%g.json" % (kind, rate)), kind,
+                                           extra)
+                    c = eq["cpu_per_wall"]
+                    row(store, eq["step"], cpu_value=c["step"],
+                        own={"own_compute_ms": eq["compute"] * 1e3,
+                             "own_comm_ms": eq["comm"] * 1e3,
+                             "own_comm_cpu_per_wall": c["comm"],
+                             "lib_cpu_in_compute": c["compute_lib"]},
+                        note="oneDNN off (equal compute with Horovod)%s; in its own process: "
+                        "compute only %.0f ms (the library's threads %.2f of a core meanwhile), "
+                        "comm only %.0f ms (CPU/wall %.2f)"
+                        % ("".join(", %s=%s" % kv for kv in extra.items()),
+                           eq["compute"] * 1e3, c["compute_lib"], eq["comm"] * 1e3, c["comm"]))
             ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
             row("dist_sync", ps["step"], note="server on host %d" % args.hosts)
             if args.hosts > 2 or args.server_per_host:
@@ -361,6 +429,9 @@ def drive(args: argparse.Namespace) -> None:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
             "machine": "%s, %d cores" % (platform.node(), os.cpu_count()),
             "binding": binding, "load_average": loads, "transport": transport.describe(),
+            "horovod": horovod and "%s, its own settings (HOROVOD_CYCLE_TIME, fusion "
+                       "threshold) at their defaults; under the cluster's mpirun, not horovodrun"
+                       % horovod,
             "model": args.model, "hosts": args.hosts, "batch": args.batch,
             "image_size": args.image_size, "steps": args.steps, "quick": args.quick,
             "seconds": round(time.time() - t_start)}

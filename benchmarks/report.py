@@ -552,6 +552,10 @@ def sec_preempt(ctx: Ctx) -> str | None:
 CLUSTER_KNOWN = ["link_gbit", "store", "ms_per_step", "compute_ms", "comm_ms", "grad_MB",
                  "chunk_bytes", "note", "bound_overlap_ms", "bound_serial_ms", "vs_bound",
                  "vs_no_overlap", "hosts", "wire_ms", "cpu_per_wall"]
+# cluster.py's rows with equal compute (oneDNN off) and the columns they fill,
+# measured in each row's own process
+PAIR_STORES = ("mpi oneDNN off", "horovod", "horovod yield")
+OWN_COLUMNS = ["own_compute_ms", "own_comm_ms", "own_comm_cpu_per_wall", "lib_cpu_in_compute"]
 
 
 def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
@@ -560,12 +564,16 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
     cols = list(rows[0])
     opt = {}
     for c, kind in (("vs_bound", "num?"), ("vs_no_overlap", "num?"), ("hosts", "num?"),
-                    ("wire_ms", "num?"), ("cpu_per_wall", "num?")):
+                    ("wire_ms", "num?"), ("cpu_per_wall", "num?"),
+                    *((c, "num?") for c in OWN_COLUMNS)):
         if c in cols:
             for r in rows:
                 r[c] = _convert(p, r["_line"], c, r[c], kind)
             opt[c] = True
-    extra = [c for c in cols if c not in CLUSTER_KNOWN and c != "_line"]
+    extra = [c for c in cols if c not in CLUSTER_KNOWN + OWN_COLUMNS and c != "_line"]
+    # the equal-compute rows get a table of their own (their compute is not the others')
+    paired = "own_compute_ms" in opt
+    pair_rows = [r for r in rows if paired and r["store"] in PAIR_STORES]
     mode = meta.get("default_mode")
     hosts = "hosts" in opt
 
@@ -583,7 +591,7 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
         ["wire time"] if "wire_ms" in opt else []) + ["max", "sum"]
     body = []
     for r in rows:
-        if r["store"] in ("compute only", "comm only"):
+        if r["store"] in ("compute only", "comm only") or r in pair_rows:
             continue
         store = "mpi (%s)" % (mode or "default mode") if r["store"] == "mpi" else r["store"]
         vs = r.get("vs_bound") if "vs_bound" in opt else None
@@ -608,9 +616,47 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
            table(shead, summary, set(range(n, len(shead)))), "",
            table(head, body, set(range(n + 2, n + 5)) | ({n + 5} if "cpu_per_wall" in opt
                                                           else set())), ""]
+    if pair_rows:
+        out += _cluster_pair(pair_rows, hosts)
     if targets:
         out += _cluster_targets(rows, mode)
     return out
+
+
+def _cluster_pair(rows: list, hosts: bool) -> list:
+    """The equal-compute rows (oneDNN off): each row's own compute-only and
+    comm-only times, its step against those, and against our store's."""
+    def ours(r):
+        return next((x for x in rows if x["store"] == "mpi oneDNN off"
+                     and (x.get("hosts"), x["link_gbit"]) == (r.get("hosts"), r["link_gbit"])),
+                    None)
+
+    def f2(x):
+        return "" if x is None else "%.2f" % x
+    body = []
+    for r in rows:
+        step, c, m = r["ms_per_step"], r.get("own_compute_ms"), r.get("own_comm_ms")
+        o = ours(r)
+        vs_ours = (step / o["ms_per_step"] if step is not None and o
+                   and o["ms_per_step"] is not None else None)
+        body.append((["%g" % r["hosts"]] if hosts else []) + [
+            "%g" % r["link_gbit"], r["store"],
+            "skipped" if step is None else sig(step), sig(c), sig(m),
+            f2(None if step is None or c is None else step / max(c, m)), f2(vs_ours),
+            f2(r.get("own_comm_cpu_per_wall")), f2(r.get("lib_cpu_in_compute"))])
+    n = 1 if hosts else 0
+    head = (["hosts"] if hosts else []) + [
+        "link Gb/s", "store", "ms/step", "compute only", "comm only", "vs max", "vs ours",
+        "CPU/wall comm only", "library threads in compute only"]
+    return ["Equal compute, both with oneDNN off (Horovod cannot reduce oneDNN arrays), "
+            "timed by one worker loop with the same Open MPI settings, binding and cpusets. "
+            "Compute only and comm only (the Trainer's allreduce of the gradients alone) are "
+            "measured in each row's own process after its library started; *vs max* is the "
+            "step over max(those two); *vs ours* is the step over `mpi oneDNN off`'s; the "
+            "last column is the CPU the library's threads (Horovod's background thread, our "
+            "store's, MPI's) took during compute only, in cores. `horovod yield` adds "
+            "`OMPI_MCA_mpi_yield_when_idle=1` (not a Horovod default: a sensitivity row).", "",
+            table(head, body, set(range(n + 2, len(head)))), ""]
 
 
 def _cluster_targets(rows: list, mode: str | None) -> list:
@@ -664,9 +710,32 @@ def _cluster_targets(rows: list, mode: str | None) -> list:
     theirs = [step("horovod", g) for g in groups]
     partner = [step("mpi oneDNN off", g) for g in groups]   # equal compute with Horovod
     if all(x is not None for x in theirs + partner):
-        lines.append("- ahead of Horovod with equal compute (both oneDNN off): %s (%s ms);" % (
-            verdict([m <= t for m, t in zip(partner, theirs)]),
-            ", ".join("%s vs %s" % (sig(m), sig(t)) for m, t in zip(partner, theirs))))
+        lines.append("- ahead of Horovod with equal compute (both oneDNN off): %s (Horovod's "
+                     "step %s ours; %s ms);" % (
+                         verdict([m <= t for m, t in zip(partner, theirs)]),
+                         ", ".join("%.2fx" % (t / m) for m, t in zip(partner, theirs)),
+                         ", ".join("%s vs %s" % (sig(m), sig(t))
+                                   for m, t in zip(partner, theirs))))
+        h = [at("horovod", g) for g in groups]
+        o = [at("mpi oneDNN off", g) for g in groups]
+        if all(r.get("own_comm_ms") is not None for r in h + o):
+            lines.append(
+                "  why: comm only, Horovod's allreduce takes %s ours (%s ms) but waits at "
+                "%s of a core (ours %s); during compute only its threads take %s of a core "
+                "(ours %s), on the core that computes;" % (
+                    ", ".join("%.2fx" % (a["own_comm_ms"] / b["own_comm_ms"])
+                              for a, b in zip(h, o)),
+                    ", ".join("%s vs %s" % (sig(a["own_comm_ms"]), sig(b["own_comm_ms"]))
+                              for a, b in zip(h, o)),
+                    ", ".join("%.2f" % a["own_comm_cpu_per_wall"] for a in h),
+                    ", ".join("%.2f" % b["own_comm_cpu_per_wall"] for b in o),
+                    ", ".join("%.2f" % a["lib_cpu_in_compute"] for a in h),
+                    ", ".join("%.2f" % b["lib_cpu_in_compute"] for b in o)))
+        ty = [step("horovod yield", g) for g in groups]
+        if all(x is not None for x in ty):
+            lines.append("  with `OMPI_MCA_mpi_yield_when_idle=1` for Horovod (not a default), "
+                         "its step is %s ours;" % ", ".join(
+                             "%.2fx" % (t / m) for m, t in zip(partner, ty)))
     elif all(x is not None for x in theirs):   # runs from before the equal-compute pair
         lines.append("- ahead of Horovod (its compute is oneDNN off, ours on): %s (%s ms);" % (
             verdict([ours[g] <= t for g, t in zip(groups, theirs)]),
@@ -702,9 +771,7 @@ def sec_cluster(ctx: Ctx) -> str | None:
            "(the default mode with `compression_params={'type': 'fp16'}`: half the bytes on "
            "the wire, its comm-only time in its note); where Horovod is installed, "
            "Horovod's DistributedTrainer and `mpi oneDNN off` (our default store), both with "
-           "oneDNN off (Horovod cannot reduce oneDNN arrays), both timed by one worker loop "
-           "with the same Open MPI settings, each note giving that process's own compute-only "
-           "time, measured after its library started (they can differ: compare the notes); "
+           "oneDNN off (Horovod cannot reduce oneDNN arrays), in a table of their own below; "
            "ps-lite `dist_sync` with its server on the third host. *vs max* is "
            "the step over max(compute, comm); *speed-up* is the no-overlap step over this "
            "one. How ranks sat on the machine's cores (a cpuset per host, or shared) is in "
@@ -716,7 +783,7 @@ def sec_cluster(ctx: Ctx) -> str | None:
         if meta.get("model"):
             out += ["Model: %s." % meta["model"], ""]
         if meta.get("horovod"):
-            out += ["Horovod: %s; its compute alone is in its note." % meta["horovod"], ""]
+            out += ["Horovod: %s." % meta["horovod"], ""]
         out += _cluster(ctx, p, meta, True)
         out += [files_line(ctx, p), figure(p.with_suffix(".png"), ctx.page_dir, "cluster"), ""]
     if p64:
