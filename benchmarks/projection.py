@@ -128,6 +128,7 @@ def main() -> None:
           "(share of min(compute, comm) not hidden, store 'mpi')" % (a * 1e3, e, tau))
     print("\nCheck of the model against the measured rows:")
     print("%9s %-11s %10s %10s %7s" % ("link Gb/s", "row", "measured", "model", "error"))
+    check = []
     for r in rows:
         rate, mb = float(r["link_gbit"]), float(r["grad_MB"])
         comm_model = a + mb * 2**20 * 8 / (e * rate * 1e9)
@@ -138,6 +139,8 @@ def main() -> None:
         else:
             continue
         meas = float(r["ms_per_step"])
+        check.append({"link_gbit": rate, "row": r["store"], "measured_ms": round(meas),
+                      "model_ms": round(pred), "error_pct": round(100 * (pred - meas) / meas)})
         print("%9g %-11s %8.0f ms %7.0f ms %+6.0f%%" % (rate, r["store"], meas, pred,
                                                         100 * (pred - meas) / meas))
 
@@ -173,7 +176,8 @@ def main() -> None:
         w.writerows(out)
     write_meta(outdir / "projection.csv", input=describe(args.csv),
                inputs={k: v for k, v in vars(args).items() if k not in ("csv", "outdir")},
-               fit={"a_ms": round(a * 1e3, 1), "e": round(e, 3), "tau": round(tau, 3)})
+               fit={"a_ms": round(a * 1e3, 1), "e": round(e, 3), "tau": round(tau, 3)},
+               check=check)
     plot(out, outdir, args)
     print("\nwrote %s and %s" % (outdir / "projection.csv", outdir / "projection.png"))
 
