@@ -13,6 +13,7 @@ belongs to, for its messages.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 
@@ -22,6 +23,7 @@ from mxnet.kvstore import KVStoreBase
 from .consistency import PeriodicCheck
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
+from .world import wait_queued_ops
 
 _applied = False
 
@@ -328,11 +330,23 @@ def _patch_module_fit() -> None:
     BaseModule.fit = fit
 
 
+def _finish_queued_work_at_exit() -> None:
+    """MXNet's exit handler puts its engine in a shutdown phase in which
+    operations still queued are skipped, not run. A dist_sync worker whose last
+    pushes were still queued when its script ended would drop them, and the
+    workers whose pushes were already sent would wait for them forever (seen
+    with MXNet's own image-classification example, most runs hanging at exit).
+    Registered after MXNet's handler (mxnet is imported first), this one runs
+    before it and lets the queued work finish."""
+    atexit.register(wait_queued_ops)
+
+
 def apply() -> None:
     """Install the patches once (idempotent)."""
     global _applied
     if _applied:
         return
+    _finish_queued_work_at_exit()
     mx.kv.create = _patched_create(mx.kv.create)
     mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
     _patch_trainer()

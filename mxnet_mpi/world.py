@@ -144,15 +144,21 @@ def on_exit(hook: Callable[[], None]) -> None:
     _exit_hooks.append(hook)
 
 
-def _finish() -> None:
-    """Announce the end of this rank's program, wait for its collectives, run the
-    exit hooks. Never raises: errors still pending are reported, not re-raised."""
-    LIB.mxmpi_announce_finish()
+def wait_queued_ops() -> None:
+    """Wait for every operation queued on MXNet's engine. An error nobody
+    waited for is reported on stderr, not raised (this runs at exit)."""
     try:
         mx.nd.waitall()
     except Exception as exc:  # noqa: BLE001  (an error nobody waited for)
         first = str(exc).splitlines()[0] if str(exc) else repr(exc)
         sys.stderr.write("mxnet_mpi: an operation failed and nobody waited for it: %s\n" % first)
+
+
+def _finish() -> None:
+    """Announce the end of this rank's program, wait for its collectives, run the
+    exit hooks. Never raises: errors still pending are reported, not re-raised."""
+    LIB.mxmpi_announce_finish()
+    wait_queued_ops()
     while _exit_hooks:
         hook = _exit_hooks.pop()
         try:
