@@ -22,8 +22,11 @@ A rank that ends any other way fails the job, naming its host, even where
 mpirun exits 0 (Open MPI 5 after losing a host); mpirun then gets ``--grace``
 seconds to end the job before it is stopped here (after a pulled cable it
 would wait for TCP, ~15 min). For ranks that do not report, a host that
-mpirun's own output says it lost fails the job. This module imports neither
-MXNet nor the native library.
+mpirun's own output says it lost fails the job. Once every rank's script has
+finished, the processes still running are named after
+``MXNET_MPI_STALL_WARN_S`` and the job is ended, non-zero, after
+``MXNET_MPI_STALL_ABORT_S``: a job never waits silently at exit, whatever store
+it uses. This module imports neither MXNet nor the native library.
 
 With ``--hostfile`` and no ``--groups``, each host the ranks fill (slot by
 slot, as mpirun maps them) is one group. With ``--hostfile`` the ranks run
@@ -52,6 +55,7 @@ from .launch_watch import RankWatch
 from .pslite_roles import role_command
 from .report import ENV as REPORT_ENV
 from .routes import ROUTES, expected_ps_workers
+from .settings import stall_limits
 
 PREFIX = "mxnet_mpi.launch: "
 # Run a command with a parent-death signal (PR_SET_PDEATHSIG survives exec): if the
@@ -363,6 +367,7 @@ def job_env(args: argparse.Namespace, report_to: str | None = None) -> tuple:
 def main(argv: list | None = None) -> int:
     """Run the job; return the exit status (non-zero if any process failed)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    exit_limits = stall_limits()[:2]   # a bad value fails here, before anything starts
     watch = RankWatch(args.n, this_host(args))
     env, ps_env, exported = job_env(args, watch.address)
     children: list = []
@@ -398,7 +403,7 @@ def main(argv: list | None = None) -> int:
                                   for c in children))
         log("%d rank(s) in %d group(s) of %s" % (args.n, args.groups, args.n // args.groups)
             + (" (one per host)" if args.per_host else ""))
-        return _supervise(children, mpirun, args.grace, stopping, watch)
+        return _supervise(children, mpirun, args.grace, stopping, watch, exit_limits)
     finally:
         teardown(children, args.grace)   # idempotent; also after an error while starting
         watch.close()
@@ -432,10 +437,31 @@ def _settle(watch: RankWatch, timeout: float = 3.0) -> None:
         time.sleep(0.05)
 
 
+def _exit_overdue(watch: RankWatch, limits: tuple, warned: dict) -> list | None:
+    """The verdict's lines once every rank's script has finished and some
+    process is still running `limits[1]` seconds later (named at `limits[0]`)."""
+    pending = watch.exit_pending()
+    if pending is None:
+        return None
+    since, stuck = pending
+    warn, abort = limits
+    if since >= warn and not warned.get("exit"):
+        warned["exit"] = True
+        log("every rank finished its script %.0f s ago, but %s still running: %s "
+            "(the job is ended when MXNET_MPI_STALL_ABORT_S=%g s have passed)"
+            % (since, "these are" if len(stuck) > 1 else "this one is", "; ".join(stuck), abort))
+    if since < abort:
+        return None
+    log("the job has not ended %.0f s after every rank finished its script: stopping "
+        "every process" % since)
+    return watch.verdict()
+
+
 def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
-               watch: RankWatch) -> int:
+               watch: RankWatch, exit_limits: tuple) -> int:
     servers = [c for c in children if c is not mpirun]
     failing_since = None
+    warned: dict = {}
     while True:
         if stopping["signal"]:
             log("got %s: stopping every process" % signal.Signals(stopping["signal"]).name)
@@ -482,6 +508,12 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
             _settle(watch, 1.0)
             rc = mpirun.poll()
             return _verdict(watch, rc if rc not in (None, 0) and rc > 0 else 1, mpirun)
+        stuck = _exit_overdue(watch, exit_limits, warned)
+        if stuck is not None:   # named before teardown: killed, they would look ended
+            for line in stuck:
+                log(line)
+            teardown(children, min(grace, 3.0))
+            return 1
         time.sleep(0.1)
 
 

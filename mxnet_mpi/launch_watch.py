@@ -24,6 +24,7 @@ class RankState:
     host: str
     pid: int
     started: float
+    done: float | None = None     # when its 'done' line came (its script finished)
     status: int | None = None     # from its 'end' line
     ended: float | None = None    # when that line came
     closed: float | None = None   # when its connection closed
@@ -108,6 +109,8 @@ class RankWatch:
                 owners[conn] = rank
                 pid = int(words[3]) if words[3].isdigit() else 0
                 self.ranks[rank] = RankState(words[2], pid, time.monotonic())
+            elif len(words) == 2 and words[0] == "done" and conn in owners:
+                self.ranks[owners[conn]].done = time.monotonic()
             elif len(words) == 2 and words[0] == "end" and conn in owners:
                 state = self.ranks[owners[conn]]
                 state.ended = time.monotonic()
@@ -146,6 +149,20 @@ class RankWatch:
         with self._lock:
             return len(self.ranks) >= self.n and all(s.closed for s in self.ranks.values())
 
+    def exit_pending(self) -> tuple | None:
+        """Once every rank's script has finished but some process has not
+        ended: (seconds since the last script finished, ["rank R on host H
+        (where it is stuck)", ...]); else None."""
+        with self._lock:
+            states = dict(self.ranks)
+        if len(states) < self.n or any(s.done is None for s in states.values()):
+            return None
+        stuck = ["rank %d on host %s (%s)" % (r, s.host, _exit_phase(s))
+                 for r, s in sorted(states.items()) if s.closed is None]
+        if not stuck:
+            return None
+        return time.monotonic() - max(s.done for s in states.values()), stuck
+
     def verdict(self) -> list:
         """Lines naming every rank (grouped by host) that did not finish
         cleanly, the first to fail first; [] when every rank finished cleanly
@@ -162,6 +179,8 @@ class RankWatch:
                 what = "exited with status %d" % s.status
             elif s.closed is not None:
                 what = "ended without a clean exit (killed, aborted, or its host was lost)"
+            elif s.done is not None:
+                what = "finished its script but did not exit (%s)" % _exit_phase(s)
             else:
                 what = ("never reported its end: its host is unreachable (network down?) "
                         "or the process hangs")
@@ -180,3 +199,11 @@ class RankWatch:
                          "or unreachable?)" % ("s" if len(missing) > 1 else "",
                                                ", ".join(map(str, missing))))
         return lines
+
+
+def _exit_phase(state: RankState) -> str:
+    """Where a rank whose script finished is while its process lives on."""
+    if state.ended is None:
+        return "in its exit handlers"
+    return ("after its exit handlers: objects freed at interpreter exit, or MPI "
+            "finalisation")

@@ -3,8 +3,9 @@ which ranks finished cleanly, and on which host each one ran.
 
 The launcher listens on a TCP port and exports ``MXNET_MPI_REPORT=addr:port``.
 A rank started through the runner (``python -m mxnet_mpi``, which the
-launcher inserts) connects at start and sends ``start RANK HOST PID``; at the
-very end of Python's exit handlers it sends ``end STATUS``. The connection
+launcher inserts) connects at start and sends ``start RANK HOST PID``; when
+its script has finished, ``done STATUS``; at the very end of Python's exit
+handlers, ``end STATUS``. The connection
 stays open for the life of the process, so the launcher also learns when a
 rank dies without a word (killed, aborted, its host gone): its connection
 closes without ``end``. A rank whose host becomes unreachable sends nothing
@@ -82,18 +83,21 @@ def started() -> None:
 
 
 def set_status(status: object) -> None:
-    """The exit status the program is about to end with (as sys.exit takes it)."""
+    """The exit status the program is about to end with (as sys.exit takes it):
+    tells the launcher that the script has finished (its exit comes next)."""
     _state["status"] = status
+    _send("done %d" % _code(status))
+
+
+def _code(status: object) -> int:
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status
+    return 1   # sys.exit("message") exits 1
 
 
 def _at_exit() -> None:
-    status = _state["status"]
-    if status is None:
-        code = 0
-    elif isinstance(status, int):
-        code = status
-    else:
-        code = 1   # sys.exit("message") exits 1
-    _send("end %d" % code)
+    _send("end %d" % _code(_state["status"]))
     # The connection stays open until the process is gone: its close tells the
     # launcher that the process really exited (MPI finalised with the others).

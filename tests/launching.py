@@ -66,6 +66,15 @@ def pids_of(output: str) -> dict:
     return {k: int(v) for k, v in (item.split("=") for item in m.group(1).split())}
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def processes_with_port(port: int) -> list:
     """(pid, cmdline) of live processes whose environment has DMLC_PS_ROOT_PORT=port."""
     needle = b"DMLC_PS_ROOT_PORT=%d\0" % port

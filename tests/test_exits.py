@@ -16,19 +16,12 @@ import sys
 import time
 
 import pytest
+from launching import alive
 from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env, run_mpi
 
 FAST = {"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "8",
         "MXNET_MPI_HEALTH_INTERVAL_S": "0.2"}
 READY = re.compile(r"rank (\d) pid (\d+) ready")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("mode", ["chained", "concurrent"])   # blocking and non-blocking MPI

@@ -4,13 +4,14 @@ command, and no process left behind when a worker fails or the launcher is stopp
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from launching import pids_of, port_of, processes_with_port, run, start, stop, wait_gone
+from launching import alive, pids_of, port_of, processes_with_port, run, start, stop, wait_gone
 from mpirun import ROOT, SCRIPTS, mpi_env
 
 PROBE = [sys.executable, str(SCRIPTS / "launch_probe.py")]
@@ -92,6 +93,31 @@ def test_servers_zero_is_pure_mpi():
         # allreduce over both ranks; group size n/groups; no ps-lite variables
         assert "SUM [3.0, 3.0, 3.0] GROUP_SIZE 1 DMLC_VARS []" in ln, ln
     assert "scheduler" not in proc.stdout
+
+
+def test_exit_hang_without_our_store_is_named_and_ended():
+    """Ranks that use no mxnet_mpi store (so no watchdog of ours runs in them)
+    finish their scripts, then cannot exit: rank 1 waits in an exit handler,
+    rank 0 while objects are freed at interpreter teardown. The launcher names
+    both, with where each is stuck, at MXNET_MPI_STALL_WARN_S, and ends the
+    job, non-zero, at MXNET_MPI_STALL_ABORT_S, leaving no process behind."""
+    t0 = time.time()
+    proc = run(2, 2, 0, PROBE + ["--mode", "exit-hang"], "--grace", "3", check=False,
+               env={"MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "4"}, timeout=90)
+    took = time.time() - t0
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    pids = [int(p) for p in re.findall(r"SCRIPT_DONE rank \d pid (\d+)", out)]
+    assert len(pids) == 2, out[-3000:]
+    assert re.search(r"every rank finished its script \d+ s ago, but these are still running: "
+                     r"rank 0 on host \S+ \(after its exit handlers[^)]*\); "
+                     r"rank 1 on host \S+ \(in its exit handlers\)", out), out[-3000:]
+    assert re.search(r"rank 1 finished its script but did not exit \(in its exit handlers\)",
+                     out), out[-3000:]
+    assert re.search(r"rank 0 finished its script but did not exit \(after its exit handlers",
+                     out), out[-3000:]
+    assert took < 4 + 40, took
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_hostfile_on_localhost(tmp_path):

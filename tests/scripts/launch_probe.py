@@ -6,22 +6,45 @@
   --mode sleep   create the store, print READY, sleep (the test signals the launcher)
   --mode mpi     pure MPI (launch --servers 0): allreduce with kvstore 'mpi' and
                  print what the launcher set up
+  --mode exit-hang  no store and no MPI (launch --servers 0): each rank computes,
+                 prints SCRIPT_DONE and ends its script; then rank 1 waits for
+                 ever in an exit handler and rank 0 in an object's __del__ at
+                 interpreter teardown
 """
 
 import argparse
+import atexit
 import os
 import signal
 import sys
 import time
+import types
 
 import mxnet as mx
 
 import mxnet_mpi
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--mode", choices=("fail", "kill", "sleep", "mpi"), required=True)
+ap.add_argument("--mode", choices=("fail", "kill", "sleep", "mpi", "exit-hang"), required=True)
 ap.add_argument("--fail-rank", type=int, default=1)
 args = ap.parse_args()
+
+if args.mode == "exit-hang":
+    mpi_rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert mx.nd.ones((2,)).sum().asscalar() == 2
+    if mpi_rank == 1:
+        atexit.register(time.sleep, 300)   # runs first: registered last
+
+    class Stuck:
+        def __del__(self, sleep=time.sleep):
+            sleep(300)
+
+    if mpi_rank == 0:   # a module's objects are freed at interpreter teardown
+        stash = types.ModuleType("_exit_hang_stash")
+        stash.obj = Stuck()
+        sys.modules[stash.__name__] = stash
+    print("SCRIPT_DONE rank %d pid %d" % (mpi_rank, os.getpid()), flush=True)
+    sys.exit(0)
 
 rank = mxnet_mpi.rank()
 if args.mode == "mpi":
