@@ -101,16 +101,11 @@ def peer_worker(args: argparse.Namespace) -> None:
     """Time Trainer steps with ps-lite dist_sync, Horovod's DistributedTrainer or
     (as Horovod's equal-compute partner) our default store."""
     import mxnet as mx
-    from gluoncv.model_zoo import get_model
-    from mxnet import autograd, gluon
+    from mxnet import gluon
+    from workload import gluoncv_workload  # benchmarks/, the script's folder
 
-    net = get_model(args.model, classes=100)
-    net.initialize(mx.init.Xavier())
-    net.hybridize(static_alloc=True, static_shape=True)
-    x = mx.nd.random.uniform(shape=(args.batch, 3, args.image_size, args.image_size))
-    y = mx.nd.array([i % 100 for i in range(args.batch)])
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    net(x).wait_to_read()
+    work = gluoncv_workload(args.model, args.batch, args.image_size)
+    net = work.net
     opt = {"learning_rate": 1e-3}
 
     cpu = {}
@@ -133,9 +128,7 @@ def peer_worker(args: argparse.Namespace) -> None:
 
     def train(trainer):
         def step():
-            with autograd.record():
-                loss = loss_fn(net(x), y)
-            loss.backward()
+            work.forward_backward()
             trainer.step(args.batch)
         return step
 

@@ -59,8 +59,8 @@ def parse() -> argparse.Namespace:
 # ----------------------------------------------------------------- worker side
 def worker(args: argparse.Namespace) -> None:
     import mxnet as mx
-    from gluoncv.model_zoo import get_model
-    from mxnet import autograd, gluon
+    from mxnet import gluon
+    from workload import gluoncv_workload
 
     import mxnet_mpi
     from mxnet_mpi import timeline
@@ -68,23 +68,15 @@ def worker(args: argparse.Namespace) -> None:
     rank = mxnet_mpi.rank()
     timeline.start()
     windows = {}
-    net = get_model(args.model, classes=100)
-    net.initialize(mx.init.Xavier())
-    net.hybridize(static_alloc=True, static_shape=True)
-    x = mx.nd.random.uniform(shape=(args.batch, 3, args.image_size, args.image_size))
-    y = mx.nd.array([i % 100 for i in range(args.batch)])
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    net(x).wait_to_read()
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    work = gluoncv_workload(args.model, args.batch, args.image_size)
+    net, params = work.net, work.params
     stores = {m: mx.kv.create("mpi_" + m) for m in MODES}
 
     probe_kv = mx.kv.create("mpi_concurrent")  # no global chain: ready = input ready
     probe_out = {}
 
     def fwd_bwd(probe: bool = False):
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
+        work.forward_backward()
         if probe:
             # Reads the first layer's gradient, the last one backprop makes:
             # its "ready" time in the timeline marks the end of backprop.

@@ -88,22 +88,16 @@ def budget_name(b: int) -> str:
 # ----------------------------------------------------------------- worker side
 def worker(args: argparse.Namespace) -> None:
     import mxnet as mx
-    from gluoncv.model_zoo import get_model
-    from mxnet import autograd, gluon
+    from mxnet import gluon
+    from workload import gluoncv_workload
 
     import mxnet_mpi
     from mxnet_mpi import settings, timeline
 
     rank = mxnet_mpi.rank()
     timeline.start()
-    net = get_model(args.model, classes=100)
-    net.initialize(mx.init.Xavier())
-    net.hybridize(static_alloc=True, static_shape=True)
-    x = mx.nd.random.uniform(shape=(args.batch, 3, args.image_size, args.image_size))
-    y = mx.nd.array([i % 100 for i in range(args.batch)])
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    net(x).wait_to_read()
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    work = gluoncv_workload(args.model, args.batch, args.image_size)
+    net, params = work.net, work.params
     opt = {"learning_rate": 1e-3}
 
     probe_kv = mx.kv.create("mpi_concurrent")   # no chain: ready when its input is
@@ -124,9 +118,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def train_step(trainer) -> None:
         probe("fwd", first.data())   # ready once the first layer's weight is updated
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
+        work.forward_backward()
         probe("bwd", first.grad())   # ready once backward made the first layer's gradient
         trainer.step(args.batch)
 
