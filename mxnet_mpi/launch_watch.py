@@ -155,13 +155,15 @@ class RankWatch:
         (where it is stuck)", ...]); else None."""
         with self._lock:
             states = dict(self.ranks)
-        if len(states) < self.n or any(s.done is None for s in states.values()):
+        # a process already gone (os._exit skips the 'done' line) has finished too
+        finished = [s.done if s.done is not None else s.closed for s in states.values()]
+        if len(states) < self.n or None in finished:
             return None
         stuck = ["rank %d on host %s (%s)" % (r, s.host, _exit_phase(s))
                  for r, s in sorted(states.items()) if s.closed is None]
         if not stuck:
             return None
-        return time.monotonic() - max(s.done for s in states.values()), stuck
+        return time.monotonic() - max(finished), stuck
 
     def verdict(self) -> list:
         """Lines naming every rank (grouped by host) that did not finish

@@ -120,6 +120,27 @@ def test_exit_hang_without_our_store_is_named_and_ended():
     assert not any(alive(pid) for pid in pids)
 
 
+def test_exit_pending_once_every_rank_finished_its_script():
+    """The launcher's exit bound starts only when every rank's script has
+    finished; a rank gone through os._exit (no 'done' line) has finished."""
+    from mxnet_mpi.launch_watch import RankState, RankWatch
+
+    watch = RankWatch(2, "127.0.0.1")
+    try:
+        t = time.monotonic()
+        watch.ranks = {0: RankState("h0", 10, t), 1: RankState("h1", 11, t, done=t)}
+        assert watch.exit_pending() is None            # rank 0 still runs its script
+        watch.ranks[0] = RankState("h0", 10, t, status=0, ended=t, closed=t)   # os._exit(0)
+        since, stuck = watch.exit_pending()
+        assert stuck == ["rank 1 on host h1 (in its exit handlers)"] and since >= 0
+        watch.ranks[1].status, watch.ranks[1].ended = 0, t
+        assert "after its exit handlers" in watch.exit_pending()[1][0]
+        watch.ranks[1].closed = t
+        assert watch.exit_pending() is None and watch.verdict() == []
+    finally:
+        watch.close()
+
+
 def test_hostfile_on_localhost(tmp_path):
     """--hostfile goes to mpirun (multi-machine use); here it lists this host."""
     hostfile = tmp_path / "hosts"
