@@ -26,6 +26,7 @@ from .kvstore import SPARSE_HINT, MPIKVStore
 from .world import wait_queued_ops
 
 _applied = False
+_drain_registered = False
 
 
 def _claims(name: str) -> bool:
@@ -52,6 +53,8 @@ def _patched_create(orig):
                               if issubclass(c, MPIKVStore))
                 raise MPIKVStoreError("unknown kvstore %r; mxnet_mpi provides %s"
                                       % (name, ", ".join(ours)))
+        elif isinstance(name, str) and name.lower().startswith("dist"):
+            _finish_queued_work_at_exit()   # MXNet's own distributed store
         return orig(name)
     return create
 
@@ -337,8 +340,13 @@ def _finish_queued_work_at_exit() -> None:
     workers whose pushes were already sent would wait for them forever (seen
     with MXNet's own image-classification example, most runs hanging at exit).
     Registered after MXNet's handler (mxnet is imported first), this one runs
-    before it and lets the queued work finish."""
-    atexit.register(wait_queued_ops)
+    before it and lets the queued work finish. Only for processes that create
+    one of MXNet's distributed stores (ours drain at exit already, world.py);
+    elsewhere an exit stays exactly as MXNet makes it. Idempotent."""
+    global _drain_registered
+    if not _drain_registered:
+        atexit.register(wait_queued_ops)
+        _drain_registered = True
 
 
 def apply() -> None:
@@ -346,7 +354,6 @@ def apply() -> None:
     global _applied
     if _applied:
         return
-    _finish_queued_work_at_exit()
     mx.kv.create = _patched_create(mx.kv.create)
     mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
     _patch_trainer()
