@@ -32,10 +32,16 @@ def load(outdir, n=N):
     return [dict(np.load(outdir / ("rank%d.npz" % r))) for r in range(n)]
 
 
+_REFERENCES: dict = {}
+
+
 def reference(tmp_path, script):
-    outdir = tmp_path / "ref"
-    run_single(script, "--reference", str(N), "--outdir", str(outdir), "--steps", str(STEPS))
-    return dict(np.load(outdir / "rank0.npz"))
+    """One process on the global batch (run once per script)."""
+    if script not in _REFERENCES:
+        outdir = tmp_path / "ref"
+        run_single(script, "--reference", str(N), "--outdir", str(outdir), "--steps", str(STEPS))
+        _REFERENCES[script] = dict(np.load(outdir / "rank0.npz"))
+    return _REFERENCES[script]
 
 
 def assert_same_trajectory(ranks, ref):
@@ -48,20 +54,16 @@ def assert_same_trajectory(ranks, ref):
                                    err_msg="differs from one process on the full batch: " + key)
 
 
-PROBE = ("import json, socket, mxnet_mpi as m; m.init(); print('PROBE ' + json.dumps("
-         "[m.rank(), m.size(), m.local_rank(), m.local_size(), socket.gethostname()]), "
-         "flush=True)")
-
-
-def test_local_rank_and_size_per_host(cluster):
-    _, out, _ = run(cluster, cluster.mpirun(N, [sys.executable, "-c", PROBE], per_host=PER_HOST))
-    seen = sorted(json.loads(ln.split("PROBE ", 1)[1]) for ln in out.splitlines()
-                  if "PROBE " in ln)
+def assert_placed_per_host(out: str, hosts: list) -> None:
+    """Each rank's rank, size, local rank and size and host (gluon_train.py's
+    PLACED line): mpirun fills host 0's slots first, so ranks 0,1 run on host 0
+    and ranks 2,3 on host 1."""
+    seen = sorted(json.loads(ln.split("PLACED ", 1)[1]) for ln in out.splitlines()
+                  if "PLACED " in ln)
     assert len(seen) == N, out[-3000:]
     for rank, size, local_rank, local_size, host in seen:
         assert size == N
-        # mpirun fills host 0's slots first: ranks 0,1 on host 0, ranks 2,3 on host 1
-        assert host == cluster.hosts[rank // PER_HOST]
+        assert host == hosts[rank // PER_HOST]
         assert (local_rank, local_size) == (rank % PER_HOST, PER_HOST)
 
 
@@ -73,14 +75,16 @@ def test_mpi_training_across_hosts_is_exact(cluster, tmp_path, loss_pct):
     """Ranks seed differently; kvstore='mpi' (a string) makes them identical and
     equal to one process on the global batch; 5% loss on host 1's link (TCP
     retransmits) changes nothing, bit for bit. Every allreduce takes the
-    store's point-to-point allreduce (the default across hosts)."""
+    store's point-to-point allreduce (the default across hosts). Local rank and
+    size are per host."""
     cluster.shape(1, rate_gbit=1.0, loss_pct=loss_pct)
     try:
         cmd = [sys.executable, str(SCRIPTS / "gluon_train.py"), "--kvstore", "mpi",
                "--outdir", str(tmp_path / "mpi"), "--steps", str(STEPS)]
-        run(cluster, cluster.mpirun(N, cmd, per_host=PER_HOST))
+        _, out, _ = run(cluster, cluster.mpirun(N, cmd, per_host=PER_HOST))
     finally:
         cluster.shape(1, rate_gbit=1.0)
+    assert_placed_per_host(out, cluster.hosts)
     ranks = load(tmp_path / "mpi")
     assert_same_trajectory(ranks, reference(tmp_path, "gluon_train.py"))
     _RUNS[loss_pct] = ranks[0]

@@ -10,7 +10,9 @@ is SGD with momentum and weight decay; trainer.step(per-rank batch).
 """
 
 import argparse
+import json
 import os
+import socket
 
 import mxnet as mx
 import numpy as np
@@ -70,3 +72,6 @@ for step in range(args.steps):
 os.makedirs(args.outdir, exist_ok=True)
 np.savez(os.path.join(args.outdir, "rank%d.npz" % rank), **saved)
 print("rank %d of %d done" % (rank, size), flush=True)
+if not (args.reference or args.kvstore.startswith("dist")):   # where MPI placed this rank
+    print("PLACED " + json.dumps([rank, size, mxnet_mpi.local_rank(), mxnet_mpi.local_size(),
+                                  socket.gethostname()]), flush=True)
