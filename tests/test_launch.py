@@ -109,8 +109,10 @@ def test_exit_hang_without_our_store_is_named_and_ended():
     assert proc.returncode == 1, out[-3000:]
     pids = [int(p) for p in re.findall(r"SCRIPT_DONE rank \d pid (\d+)", out)]
     assert len(pids) == 2, out[-3000:]
+    # at the warning (1 s) a loaded machine may still be running rank 0's exit
+    # handlers; by the abort (4 s) it is past them (checked in the verdict below)
     assert re.search(r"every rank finished its script \d+ s ago, but these are still running: "
-                     r"rank 0 on host \S+ \(after its exit handlers[^)]*\); "
+                     r"rank 0 on host \S+ \((in|after) its exit handlers[^)]*\); "
                      r"rank 1 on host \S+ \(in its exit handlers\)", out), out[-3000:]
     assert re.search(r"rank 1 finished its script but did not exit \(in its exit handlers\)",
                      out), out[-3000:]
