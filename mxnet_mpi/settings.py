@@ -128,9 +128,12 @@ TABLE: tuple = (
             "everything the ranks agreed on, whole (at least 4096 otherwise)"),
     Setting("MXNET_MPI_STALL_WARN_S", "float", 60.0,
             "warn (naming the missing ranks) when a collective, or a SyncBatchNorm meeting of "
-            "a rank's devices, has waited this long", default_doc="60"),
+            "a rank's devices, has waited this long; under the launcher, also name the "
+            "processes still running this long after every rank's script finished "
+            "([faults.md](faults.md#exits))", default_doc="60"),
     Setting("MXNET_MPI_STALL_ABORT_S", "float", 600.0,
-            "abort the job when it has waited this long (at least MXNET_MPI_STALL_WARN_S)",
+            "abort the job when it has waited this long (at least MXNET_MPI_STALL_WARN_S); "
+            "the launcher ends a job whose scripts have all finished this long ago",
             default_doc="600"),
     Setting("MXNET_MPI_HEALTH_INTERVAL_S", "float", 1.0,
             "period of the heartbeats between ranks (0 turns the watchdog off; it runs on one "
