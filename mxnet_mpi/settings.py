@@ -170,8 +170,9 @@ TABLE: tuple = (
             "`mxnet` (read by the hook when mxnet is imported; "
             "[install.md](install.md#the-start-up-hook))"),
     Setting("MXNET_MPI_REPORT", "str", None,
-            "`address:port` where ranks run through the runner report their start and end "
-            "to `mxnet_mpi.launch` (read by `mxnet_mpi.report` before MXNet is imported)",
+            "`address:port` where ranks run through the runner report their start, the end "
+            "of their script and their exit to `mxnet_mpi.launch` (read by "
+            "`mxnet_mpi.report` before MXNet is imported)",
             default_doc="set by the launcher"),
     Setting("MXNET_MPI_LIBMPI", "str", None,
             "path of the `libmpi.so.40` to load, e.g. a system Open MPI 5's (default: one "
