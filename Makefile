@@ -16,7 +16,7 @@ export OMPI_MCA_btl_tcp_links
 endif
 
 .PHONY: run test build venv lint bench clean bench-allreduce bench-epoch bench-overlap \
-	bench-overhead bench-faults bench-cluster bench-preempt data gpu-prepare gpu-check
+	bench-overhead bench-faults bench-cluster bench-preempt bench-startup data gpu-prepare gpu-check
 
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
@@ -85,6 +85,10 @@ gpu-check:
 
 bench-faults: build
 	$(PY) benchmarks/faults.py $(BENCH_ARGS)
+
+# MPI's start with and without mxnet_mpi's transport defaults (about a minute)
+bench-startup: build
+	$(PY) benchmarks/startup.py $(BENCH_ARGS)
 
 # 2 hosts as network namespaces over shaped links (needs root): BENCH_ARGS=--quick
 bench-cluster: build

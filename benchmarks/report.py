@@ -1063,6 +1063,27 @@ def transport_table(ctx: Ctx) -> tuple | None:
     return "\n".join(out), p
 
 
+def startup_mpi_table(ctx: Ctx) -> tuple | None:
+    """benchmarks/startup.py: a job's MPI start with and without the transport defaults."""
+    p = ctx.csv("startup_mpi.csv")
+    if p is None:
+        return None
+    rows = read_csv(p, {"settings": "str", "transport": "str", "ranks": "int", "rounds": "int",
+                        "init_ms": "num", "init_cpu_ms": "num", "job_s": "num"})
+    meta = read_meta(p)
+    body = [[r["settings"], code(r["transport"]) if "=" in r["transport"] else r["transport"],
+             r["ranks"], "%.0f ms" % r["init_ms"],
+             "%.0f ms" % r["init_cpu_ms"], "%.2f s" % r["job_s"]] for r in rows]
+    out = ["`mpirun -np N` jobs whose ranks import mxnet and create an `mpi` store (which "
+           "initialises MPI; with several ranks it includes waiting for the others to "
+           "arrive), alternating with and without the defaults; medians of %d jobs each, "
+           "the slowest rank of each job. %s" % (rows[0]["rounds"], measured(meta)), "",
+           table(["settings", "transport variables", "ranks", "store creation (MPI start)",
+                  "its CPU time", "whole job"], body, {2, 3, 4, 5}),
+           "", files_line(ctx, p)]
+    return "\n".join(out), p
+
+
 def sec_startup(ctx: Ctx) -> str | None:
     got = startup_table(ctx)
     if got is None:
@@ -1120,7 +1141,8 @@ def sec_other(ctx: Ctx) -> str | None:
 SECTIONS = [sec_allreduce, sec_overhead, sec_overlap, sec_cluster, sec_preempt, sec_projection,
             sec_epoch,
             sec_faults, sec_gpu, sec_startup, sec_hybrid, sec_other]
-INCLUDES = {"faults": faults_table, "startup-cost": startup_table, "transport": transport_table}
+INCLUDES = {"faults": faults_table, "startup-cost": startup_table, "transport": transport_table,
+            "startup-mpi": startup_mpi_table}
 
 
 def benchmarks_page(results: Path, page_dir: Path) -> str:

@@ -338,7 +338,9 @@ def job_env(args: argparse.Namespace, report_to: str | None = None) -> tuple:
     """(env for mpirun, env for scheduler/servers or None, names to export with -x)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    transport.apply(env)   # Open MPI's transport defaults, unless the user set them
+    # Open MPI's transport defaults, unless the user set them; those that depend
+    # on a host's hardware are left to each rank's `import mxnet_mpi`
+    transport.apply(env, host=False)
     exported = {"MXNET_MPI_HYBRID_ROUTE": args.route}
     if report_to:
         exported[REPORT_ENV] = report_to

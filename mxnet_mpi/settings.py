@@ -113,7 +113,8 @@ TABLE: tuple = (
             "faster", default_doc="1 across hosts, 0 on one host"),
     Setting("MXNET_MPI_TRANSPORT_DEFAULTS", "bool", True,
             "0: `import mxnet_mpi` and the launcher do not set Open MPI's transport variables "
-            "(`OMPI_MCA_btl_tcp_links=4`; a value you set always wins; "
+            "(`OMPI_MCA_btl_tcp_links=4`, and `OMPI_MCA_btl=^ofi` on a host without an RDMA "
+            "device; a value you set always wins; "
             "[across-hosts.md](across-hosts.md#transport-settings))"),
     Setting("MXNET_MPI_NETNS_PREFIX", "str", "mxmpi-",
             "names of what `mxnet_mpi.testing.netns` creates (namespaces, links) start with "

