@@ -40,7 +40,49 @@ bool Fusable(const Request& r, int64_t limit) {
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// The check round's words of this rank for `cands` (or a joined stand-in).
+void FillCheck(const std::vector<Request*>& cands, bool joined, int64_t* v) {
+  if (joined) {
+    for (int i = 0; i < 2 * kWords; ++i) v[i] = kNone;
+    v[kToken] = 0;
+    v[kJoined] = 1;
+    return;
+  }
+  const Request& first = *cands[0];
+  const bool varying = first.op == OpKind::kAllgather || first.op == OpKind::kAlltoall;
+  v[kSeq] = static_cast<int64_t>(first.seq);
+  v[kSig] = static_cast<int64_t>(first.sig);
+  v[kCount] = varying ? 0 : first.Count();
+  v[kCode] = Code(first);
+  v[kRoot] = first.root;
+  v[kFrom] = first.progress;
+  v[kReady] = static_cast<int64_t>(cands.size());
+  v[kRow] = first.row;
+  v[kToken] = first.token.empty() ? 0 : 1;
+  v[kJoined] = 0;
+  for (int i = 0; i < kWords; ++i) v[kWords + i] = i <= kRow ? -v[i] : kNone;
+}
+
 }  // namespace
+
+int Lane::CheckWords() { return 2 * kWords; }
+
+void Lane::CheckFor(uint64_t seq, int64_t* v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Request*> one{&ready_.at(seq)};
+  FillCheck(one, false, v);
+}
+
+void Lane::NoCheck(int64_t* v) {
+  FillCheck({}, true, v);
+  v[kSeq] = -1;          // the minimum seq differs from any maximum: unusable
+  v[kWords + kSeq] = 1;
+}
+
+bool Lane::CheckUsable(const int64_t* res, uint64_t seq) {
+  return res[kSeq] == static_cast<int64_t>(seq) && res[kWords + kSeq] == -res[kSeq] &&
+         res[kJoined] == 0;
+}
 
 int WaitPolitely(MPI_Request* req) {
   const auto start = Clock::now();
@@ -188,7 +230,8 @@ bool Lane::WaitServed(double timeout_s) {
   return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return served_; });
 }
 
-Ran Lane::RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_t piece_bytes) {
+Ran Lane::RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_t piece_bytes,
+                    const int64_t* checked) {
   std::vector<Request*> cands;
   if (!joined) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -205,7 +248,8 @@ Ran Lane::RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_
       bytes += r->Bytes();
     }
   }
-  return RunOne(cands, joined, piece_bytes);
+  // The reduced check fits only a unit of the head alone.
+  return RunOne(cands, joined, piece_bytes, cands.size() == 1 ? checked : nullptr);
 }
 
 std::vector<std::pair<uint64_t, int>> Lane::ReadyBetween(uint64_t from, uint64_t to) {
@@ -221,31 +265,19 @@ bool Lane::HasReady() {
   return !ready_.empty();
 }
 
-Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined) {
+Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined,
+                      const int64_t* checked) {
   Agreement a;
   int64_t v[2 * kWords], res[2 * kWords];
-  if (joined) {
-    for (int i = 0; i < 2 * kWords; ++i) v[i] = kNone;
-    v[kToken] = 0;
-    v[kJoined] = 1;
+  int rc = MPI_SUCCESS;
+  if (checked != nullptr) {
+    std::memcpy(res, checked, sizeof(res));   // reduced beside the negotiation
   } else {
-    const Request& first = *cands[0];
-    const bool varying = first.op == OpKind::kAllgather || first.op == OpKind::kAlltoall;
-    v[kSeq] = static_cast<int64_t>(first.seq);
-    v[kSig] = static_cast<int64_t>(first.sig);
-    v[kCount] = varying ? 0 : first.Count();
-    v[kCode] = Code(first);
-    v[kRoot] = first.root;
-    v[kFrom] = first.progress;
-    v[kReady] = static_cast<int64_t>(cands.size());
-    v[kRow] = first.row;
-    v[kToken] = first.token.empty() ? 0 : 1;
-    v[kJoined] = 0;
-    for (int i = 0; i < kWords; ++i) v[kWords + i] = i <= kRow ? -v[i] : kNone;
+    FillCheck(cands, joined, v);
+    MPI_Request req;
+    rc = MPI_Iallreduce(v, res, 2 * kWords, MPI_INT64_T, MPI_MAX, cfg_.comm, &req);
+    if (rc == MPI_SUCCESS) rc = WaitPolitely(&req);
   }
-  MPI_Request req;
-  int rc = MPI_Iallreduce(v, res, 2 * kWords, MPI_INT64_T, MPI_MAX, cfg_.comm, &req);
-  if (rc == MPI_SUCCESS) rc = WaitPolitely(&req);
   if (rc != MPI_SUCCESS) {
     a.n = joined ? 0 : 1;
     a.error = MpiError("check round", rc, joined ? "join" : cands[0]->desc);
@@ -388,8 +420,9 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
   return "MPIKVStoreError: " + msg;
 }
 
-Ran Lane::RunOne(const std::vector<Request*>& cands, bool joined, int64_t piece_bytes) {
-  Agreement a = Agree(cands, joined);
+Ran Lane::RunOne(const std::vector<Request*>& cands, bool joined, int64_t piece_bytes,
+                 const int64_t* checked) {
+  Agreement a = Agree(cands, joined, checked);
   Ran ran;
   if (a.all_joined) {
     ran.n = -1;

@@ -87,7 +87,20 @@ class Lane {
   // the order the negotiation fixed). With `piece_bytes` > 0, an allreduce of
   // one array larger than min(piece_bytes, chunk_bytes) runs one piece of that
   // size per call (pre-emptible: other units may run between its pieces).
-  Ran RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_t piece_bytes);
+  // `checked`: the check round of the head alone, already reduced (below);
+  // it saves the round when the head runs alone.
+  Ran RunAgreed(const std::vector<uint64_t>& candidates, bool joined, int64_t piece_bytes,
+                const int64_t* checked = nullptr);
+  // Funneled, a round trip fewer per call: the check round's words for the
+  // ready request `seq` running alone (CheckWords() int64s), to be reduced
+  // with MPI_MAX beside the negotiation; NoCheck() fills the words of a rank
+  // that has nothing to offer. The reduced words are usable for the unit of
+  // `seq` alone exactly when every rank offered `seq` (CheckUsable), which
+  // every rank decides alike from the same reduced words.
+  static int CheckWords();
+  void CheckFor(uint64_t seq, int64_t* v);
+  static void NoCheck(int64_t* v);
+  static bool CheckUsable(const int64_t* res, uint64_t seq);
   // Funneled: ready sequence numbers in [from, to), with their priorities.
   std::vector<std::pair<uint64_t, int>> ReadyBetween(uint64_t from, uint64_t to);
   bool HasReady();
@@ -98,8 +111,10 @@ class Lane {
   std::vector<Request*> HeadCandidates();
   // Agree on and run one unit made from `cands` (this rank's, possibly
   // empty when standing in).
-  Ran RunOne(const std::vector<Request*>& cands, bool joined, int64_t piece_bytes = 0);
-  Agreement Agree(const std::vector<Request*>& cands, bool joined);
+  Ran RunOne(const std::vector<Request*>& cands, bool joined, int64_t piece_bytes = 0,
+             const int64_t* checked = nullptr);
+  Agreement Agree(const std::vector<Request*>& cands, bool joined,
+                  const int64_t* checked = nullptr);
   std::string DescribeFailure(const std::vector<Request*>& cands, bool joined);
   void Finish(const std::vector<uint64_t>& seqs, const std::string& err);
 

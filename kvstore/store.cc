@@ -247,6 +247,10 @@ void Store::NegotiationLoop() {
   constexpr int kWords = kWindow / 64;
   Lane* lane = lanes_[0].get();
   std::vector<uint64_t> mine(kWords + 1), agreed(kWords + 1);
+  // The check round of the lowest ready request, reduced beside the
+  // negotiation: when that request is the only one agreed (a lone call), it
+  // runs without a check round of its own.
+  std::vector<int64_t> offer(Lane::CheckWords()), checked(Lane::CheckWords());
   std::map<uint64_t, int> priority;
   bool retry = false;  // ready requests may remain after a cycle
   for (;;) {
@@ -271,10 +275,20 @@ void Store::NegotiationLoop() {
       }
       if (priority.empty()) continue;  // woken for nothing new in the window
     }
-    MPI_Request req;
+    if (serving)
+      Lane::NoCheck(offer.data());
+    else
+      lane->CheckFor(priority.begin()->first, offer.data());
+    // Both reductions in flight at once, started in the same order on every
+    // rank: one round trip's wait for the two.
+    MPI_Request reqs[2];
     int rc = MPI_Iallreduce(mine.data(), agreed.data(), kWords + 1, MPI_UINT64_T, MPI_BAND,
-                            negotiation_, &req);
-    if (rc == MPI_SUCCESS) rc = WaitPolitely(&req);
+                            negotiation_, &reqs[0]);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Iallreduce(offer.data(), checked.data(), Lane::CheckWords(), MPI_INT64_T,
+                          MPI_MAX, negotiation_, &reqs[1]);
+    if (rc == MPI_SUCCESS) rc = WaitPolitely(&reqs[0]);
+    if (rc == MPI_SUCCESS) rc = WaitPolitely(&reqs[1]);
     if (rc != MPI_SUCCESS) {
       std::fprintf(stderr, "mxnet_mpi: negotiation of store '%s' failed\n", name_.c_str());
       return;
@@ -323,9 +337,15 @@ void Store::NegotiationLoop() {
     std::vector<uint64_t> remaining = run;
     size_t consumed = 0;
     int64_t moved = 0;
+    // Decided from reduced values only, so alike on every rank.
+    const int64_t* lone = !serving && run.size() == 1 &&
+                                  Lane::CheckUsable(checked.data(), run[0])
+                              ? checked.data()
+                              : nullptr;
     while (consumed < run.size()) {
       const Ran r = lane->RunAgreed(serving ? std::vector<uint64_t>() : remaining, serving,
-                                    budget);
+                                    budget, lone);
+      lone = nullptr;   // later pieces of the same array: a check round each
       if (r.n <= 0 && !r.partial) break;  // cannot happen while ranks agree; never spin
       if (serving) FlightTouch(serve_flight_);
       if (!serving) {
