@@ -8,7 +8,9 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # Open MPI transport defaults (mxnet_mpi/transport.py, which `import mxnet_mpi`
 # applies too): 4 TCP connections per peer. A value set in the environment or
-# on the command line wins; MXNET_MPI_TRANSPORT_DEFAULTS=0 turns them off.
+# on the command line wins; MXNET_MPI_TRANSPORT_DEFAULTS=0 turns them off. The
+# one that depends on the host (no OFI BTL without an RDMA device) is left to
+# `import mxnet_mpi` in each rank.
 ifneq ($(filter 0 false no off,$(MXNET_MPI_TRANSPORT_DEFAULTS)),)
 else
 OMPI_MCA_btl_tcp_links ?= 4
