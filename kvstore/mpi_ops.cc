@@ -247,12 +247,17 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
   }
   if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
   if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
-  std::memcpy(parts + me * mine, at(me), mine);
-  std::memcpy(at(me), parts, mine);
-  for (int r = 1; r < p; ++r) {   // acc = x_r (op) acc, r = 1..p-1
-    rc = MPI_Reduce_local(parts + r * mine, at(me), counts[me], type, op);
+  // acc = x_0, then acc = x_r (op) acc for r = 1..p-1. Rank 0 folds into its
+  // own block, which holds x_0; any other rank folds into parts[0] (x_0, as
+  // received), reading its own x_me where it is, and copies the result once:
+  // one pass over the block at most, on the thread that also feeds the sockets.
+  char* acc = me == 0 ? at(me) : parts;
+  for (int r = 1; r < p; ++r) {
+    const char* x = r == me ? at(me) : parts + r * mine;
+    rc = MPI_Reduce_local(x, acc, counts[me], type, op);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
   }
+  if (me != 0) std::memcpy(at(me), acc, mine);
   reqs.clear();
   for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
     if (r == me) continue;
