@@ -273,19 +273,25 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
   return "";
 }
 
+// Whether an allreduce of n elements takes the point-to-point route (sleeping
+// waits) rather than MPI's collectives: per chunk, and for a whole
+// fp16-compressed allreduce.
+bool UseP2p(const Transfer& t, MPI_Comm comm, int64_t n, int esize) {
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  return t.p2p_bytes > 0 && p > 1 && n * esize >= t.p2p_bytes && n >= p;
+}
+
 // Sum (or min/max/product, by `flags`) of n elements over the communicator,
 // chunked; in == out means in place.
 std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
                           int flags, const Transfer& t, Scratch* s, const std::string& name) {
   const int esize = DTypeSize(dtype);
   const int64_t step = ChunkElems(t.chunk_bytes, esize);
-  int p = 1;
-  MPI_Comm_size(comm, &p);
   for (int64_t off = 0; off < n; off += step) {
     const int len = static_cast<int>(std::min(step, n - off));
     char* o = static_cast<char*>(out) + off * esize;
-    if (t.p2p_bytes > 0 && p > 1 && static_cast<int64_t>(len) * esize >= t.p2p_bytes &&
-        len >= p) {
+    if (UseP2p(t, comm, len, esize)) {
       if (in != out) std::memcpy(o, static_cast<const char*>(in) + off * esize,
                                  static_cast<size_t>(len) * esize);
       const std::string err = P2pAllreduce(comm, o, len, dtype, flags, s, name);
@@ -299,12 +305,69 @@ std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, i
   return "";
 }
 
+// CompressedSum's two exchanges of float16 blocks over point-to-point messages
+// whose waits sleep, as P2pAllreduce's: the same bytes and the same result as
+// MPI_Alltoallv / MPI_Allgatherv, whose blocking waits poll. ToOwners: my copy
+// of block r goes to rank r, every rank's copy of my block comes into
+// recv + r * mine. FromOwners: my block goes to every rank, block r comes into
+// all + displs[r]; `all` may be ToOwners' `send` once ToOwners returned.
+int HalfToOwners(MPI_Comm comm, const void* send, const std::vector<int>& counts,
+                 const std::vector<int>& displs, void* recv, int mine) {
+  int p = 1, me = 0;
+  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(comm, &me);
+  const auto* src = static_cast<const uint16_t*>(send);
+  auto* dst = static_cast<uint16_t*>(recv);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * p);
+  int rc = MPI_SUCCESS;
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    reqs.emplace_back();
+    rc = MPI_Irecv(dst + static_cast<int64_t>(r) * mine, mine, MPI_UINT16_T, r, 2, comm,
+                   &reqs.back());
+  }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    const int r = (me + k) % p;
+    reqs.emplace_back();
+    rc = MPI_Isend(src + displs[r], counts[r], MPI_UINT16_T, r, 2, comm, &reqs.back());
+  }
+  std::memcpy(dst + static_cast<int64_t>(me) * mine, src + displs[me], mine * sizeof(uint16_t));
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  return rc;
+}
+
+int HalfFromOwners(MPI_Comm comm, const void* block, int mine, const std::vector<int>& counts,
+                   const std::vector<int>& displs, void* all) {
+  int p = 1, me = 0;
+  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(comm, &me);
+  auto* dst = static_cast<uint16_t*>(all);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * p);
+  int rc = MPI_SUCCESS;
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    reqs.emplace_back();
+    rc = MPI_Irecv(dst + displs[r], counts[r], MPI_UINT16_T, r, 3, comm, &reqs.back());
+  }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    reqs.emplace_back();
+    rc = MPI_Isend(block, mine, MPI_UINT16_T, (me + k) % p, 3, comm, &reqs.back());
+  }
+  std::memcpy(dst + displs[me], block, mine * sizeof(uint16_t));
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  return rc;
+}
+
 // fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
 // its block (alltoall), sums them in float32 in rank order, rounds once, and
 // the rounded blocks are gathered everywhere. Bytes on the wire are those of
-// a reduce-scatter + allgather of float16: half of float32's.
+// a reduce-scatter + allgather of float16: half of float32's. With `p2p` (the
+// allreduce would take P2pAllreduce: across hosts by default) the exchanges
+// are point-to-point messages with waits that sleep.
 std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
-                          int divide_by, Scratch* s, const std::string& name) {
+                          int divide_by, bool p2p, Scratch* s, const std::string& name) {
   int p = 1;
   MPI_Comm_size(comm, &p);
   const int64_t window = std::max<int64_t>(p, (INT_MAX / 4 / p) * p);
@@ -329,12 +392,14 @@ std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, i
     }
     std::vector<int> rcounts(p, mine), rdispls(p);
     for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
-    int rc = MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv,
-                           rcounts.data(), rdispls.data(), MPI_UINT16_T, comm);
+    int rc = p2p ? HalfToOwners(comm, send, counts, displs, recv, mine)
+                 : MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv,
+                                 rcounts.data(), rdispls.data(), MPI_UINT16_T, comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoallv (fp16 compression)", rc, name);
     SumHalfBlocks(recv, p, mine, divide_by, block);
-    rc = MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
-                        MPI_UINT16_T, comm);
+    rc = p2p ? HalfFromOwners(comm, block, mine, counts, displs, send)
+             : MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
+                              MPI_UINT16_T, comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Allgatherv (fp16 compression)", rc, name);
     if (out == nullptr) continue;
     char* dst = static_cast<char*>(out) + off * esize;
@@ -405,7 +470,7 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) 
     Part& part = u->members[0]->parts[0];
     if (compress) {
       return CompressedSum(comm, part.in, part.out, part.count, u->dtype,
-                           average ? u->active : 1, s, name);
+                           average ? u->active : 1, UseP2p(t, comm, part.count, esize), s, name);
     }
     std::string err = ReduceChunked(comm, part.in, part.out, part.count, u->dtype, u->flags,
                                     t, s, name);
@@ -418,7 +483,8 @@ std::string RunAllreduce(MPI_Comm comm, Unit* u, Scratch* s, const Transfer& t) 
     char* packed = s->Get(&s->d, static_cast<size_t>(u->total) * esize);
     Pack(*u, packed, esize);
     std::string err = CompressedSum(comm, packed, packed, u->total, u->dtype,
-                                    average ? u->active : 1, s, name);
+                                    average ? u->active : 1, UseP2p(t, comm, u->total, esize), s,
+                                    name);
     if (err.empty() && !u->joined) Unpack(u, packed, esize);
     return err;
   }

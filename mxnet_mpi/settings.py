@@ -109,8 +109,9 @@ TABLE: tuple = (
             "point-to-point messages (each block reduced by its owner in rank order, then sent "
             "to every rank: a ring's bytes, the same bits on every rank and in every run; its "
             "waits sleep, so a rank waiting on the network leaves its core to backprop) "
-            "instead of `MPI_Allreduce`; 0: never. On shared memory MPI's own allreduce is "
-            "faster", default_doc="1 across hosts, 0 on one host"),
+            "instead of `MPI_Allreduce`; 0: never. fp16-compressed allreduces of at least this "
+            "many bytes exchange their blocks the same way. On shared memory MPI's own "
+            "allreduce is faster", default_doc="1 across hosts, 0 on one host"),
     Setting("MXNET_MPI_TRANSPORT_DEFAULTS", "bool", True,
             "0: `import mxnet_mpi` and the launcher do not set Open MPI's transport variables "
             "(`OMPI_MCA_btl_tcp_links=4`, and `OMPI_MCA_btl=^ofi` on a host without an RDMA "

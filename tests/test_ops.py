@@ -14,10 +14,14 @@ def checks(out: str) -> list:
     return re.findall(r"CHECK (\S+) (ok|FAIL)(.*)", out)
 
 
-@pytest.mark.parametrize("store,np_", [("free", 3), ("chained", 2), ("funneled", 3),
-                                       ("concurrent", 2)])
-def test_ops_exact(store, np_):
-    proc = run_pooled("ops_exact.py", np_, store, timeout=120)
+@pytest.mark.parametrize("store,np_,p2p", [("free", 3, False), ("chained", 2, False),
+                                           ("funneled", 3, False), ("concurrent", 2, False),
+                                           ("funneled", 3, True)])
+def test_ops_exact(store, np_, p2p):
+    """p2p: every allreduce through the stores' point-to-point route (across
+    hosts by default), fp16 compression's exchanges included."""
+    env = {"MXNET_MPI_P2P_BYTES": "1"} if p2p else None
+    proc = run_pooled("ops_exact.py", np_, store, timeout=120, env=env)
     found = checks(proc.stdout)
     expected = 21 + (5 if store != "free" else 0)
     assert len(found) == np_ * expected, proc.stdout
