@@ -9,6 +9,7 @@
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "half.h"
 
@@ -208,6 +209,33 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
   }
 }
 
+// One message from and one to every other rank, then a wait that sleeps
+// (WaitAllSleeping): receives first, sends staggered so that not every rank
+// sends to rank 0 first. recv(r) / send(r) give rank r's {buffer, count}.
+template <typename Recv, typename Send>
+int ExchangeSleeping(MPI_Comm comm, MPI_Datatype type, int tag, Recv recv, Send send) {
+  int p = 1, me = 0;
+  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(comm, &me);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * p);
+  int rc = MPI_SUCCESS;
+  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+    if (r == me) continue;
+    const auto [buf, count] = recv(r);
+    reqs.emplace_back();
+    rc = MPI_Irecv(buf, count, type, r, tag, comm, &reqs.back());
+  }
+  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
+    const int r = (me + k) % p;
+    const auto [buf, count] = send(r);
+    reqs.emplace_back();
+    rc = MPI_Isend(buf, count, type, r, tag, comm, &reqs.back());
+  }
+  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  return rc;
+}
+
 // Allreduce of n elements in place over point-to-point messages: each rank
 // owns one block; every rank sends each block to its owner (a reduce-scatter),
 // the owner reduces its block in rank order 0, 1, ..., p-1 and sends the
@@ -232,20 +260,9 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
   const size_t mine = static_cast<size_t>(counts[me]) * esize;
   // every rank's copy of my block, by rank
   char* parts = s->Get(&s->b, mine * p + 1);
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * p);
-  int rc = MPI_SUCCESS;
-  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
-    if (r == me) continue;
-    reqs.emplace_back();
-    rc = MPI_Irecv(parts + r * mine, counts[me], type, r, 0, comm, &reqs.back());
-  }
-  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
-    const int r = (me + k) % p;   // staggered, so that not every rank sends to rank 0 first
-    reqs.emplace_back();
-    rc = MPI_Isend(at(r), counts[r], type, r, 0, comm, &reqs.back());
-  }
-  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  int rc = ExchangeSleeping(
+      comm, type, 0, [&](int r) { return std::make_pair(parts + r * mine, counts[me]); },
+      [&](int r) { return std::make_pair(at(r), counts[r]); });
   if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
   // acc = x_0, then acc = x_r (op) acc for r = 1..p-1. Rank 0 folds into its
   // own block, which holds x_0; any other rank folds into parts[0] (x_0, as
@@ -258,17 +275,9 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
     if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
   }
   if (me != 0) std::memcpy(at(me), acc, mine);
-  reqs.clear();
-  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
-    if (r == me) continue;
-    reqs.emplace_back();
-    rc = MPI_Irecv(at(r), counts[r], type, r, 1, comm, &reqs.back());
-  }
-  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
-    reqs.emplace_back();
-    rc = MPI_Isend(at(me), counts[me], type, (me + k) % p, 1, comm, &reqs.back());
-  }
-  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
+  rc = ExchangeSleeping(
+      comm, type, 1, [&](int r) { return std::make_pair(at(r), counts[r]); },
+      [&](int) { return std::make_pair(at(me), counts[me]); });
   if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (allgather)", rc, name);
   return "";
 }
@@ -305,67 +314,14 @@ std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, i
   return "";
 }
 
-// CompressedSum's two exchanges of float16 blocks over point-to-point messages
-// whose waits sleep, as P2pAllreduce's: the same bytes and the same result as
-// MPI_Alltoallv / MPI_Allgatherv, whose blocking waits poll. ToOwners: my copy
-// of block r goes to rank r, every rank's copy of my block comes into
-// recv + r * mine. FromOwners: my block goes to every rank, block r comes into
-// all + displs[r]; `all` may be ToOwners' `send` once ToOwners returned.
-int HalfToOwners(MPI_Comm comm, const void* send, const std::vector<int>& counts,
-                 const std::vector<int>& displs, void* recv, int mine) {
-  int p = 1, me = 0;
-  MPI_Comm_size(comm, &p);
-  MPI_Comm_rank(comm, &me);
-  const auto* src = static_cast<const uint16_t*>(send);
-  auto* dst = static_cast<uint16_t*>(recv);
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * p);
-  int rc = MPI_SUCCESS;
-  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
-    if (r == me) continue;
-    reqs.emplace_back();
-    rc = MPI_Irecv(dst + static_cast<int64_t>(r) * mine, mine, MPI_UINT16_T, r, 2, comm,
-                   &reqs.back());
-  }
-  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
-    const int r = (me + k) % p;
-    reqs.emplace_back();
-    rc = MPI_Isend(src + displs[r], counts[r], MPI_UINT16_T, r, 2, comm, &reqs.back());
-  }
-  std::memcpy(dst + static_cast<int64_t>(me) * mine, src + displs[me], mine * sizeof(uint16_t));
-  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
-  return rc;
-}
-
-int HalfFromOwners(MPI_Comm comm, const void* block, int mine, const std::vector<int>& counts,
-                   const std::vector<int>& displs, void* all) {
-  int p = 1, me = 0;
-  MPI_Comm_size(comm, &p);
-  MPI_Comm_rank(comm, &me);
-  auto* dst = static_cast<uint16_t*>(all);
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * p);
-  int rc = MPI_SUCCESS;
-  for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
-    if (r == me) continue;
-    reqs.emplace_back();
-    rc = MPI_Irecv(dst + displs[r], counts[r], MPI_UINT16_T, r, 3, comm, &reqs.back());
-  }
-  for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
-    reqs.emplace_back();
-    rc = MPI_Isend(block, mine, MPI_UINT16_T, (me + k) % p, 3, comm, &reqs.back());
-  }
-  std::memcpy(dst + displs[me], block, mine * sizeof(uint16_t));
-  if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
-  return rc;
-}
-
 // fp16 on the wire, fp32 accumulation: each rank receives every rank's copy of
 // its block (alltoall), sums them in float32 in rank order, rounds once, and
 // the rounded blocks are gathered everywhere. Bytes on the wire are those of
 // a reduce-scatter + allgather of float16: half of float32's. With `p2p` (the
-// allreduce would take P2pAllreduce: across hosts by default) the exchanges
-// are point-to-point messages with waits that sleep.
+// allreduce would take P2pAllreduce: across hosts by default) the two
+// exchanges are point-to-point messages with waits that sleep, not
+// MPI_Alltoallv / MPI_Allgatherv, whose blocking waits poll: the same bytes,
+// the same result.
 std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
                           int divide_by, bool p2p, Scratch* s, const std::string& name) {
   int p = 1;
@@ -392,12 +348,23 @@ std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, i
     }
     std::vector<int> rcounts(p, mine), rdispls(p);
     for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
-    int rc = p2p ? HalfToOwners(comm, send, counts, displs, recv, mine)
+    // p2p: every rank's copy of my block in, my copy of block r out to rank r
+    if (p2p) std::memcpy(recv + static_cast<int64_t>(me) * mine, send + displs[me], mine * 2);
+    int rc = p2p ? ExchangeSleeping(
+                       comm, MPI_UINT16_T, 2,
+                       [&](int r) { return std::make_pair(recv + static_cast<int64_t>(r) * mine,
+                                                          mine); },
+                       [&](int r) { return std::make_pair(send + displs[r], counts[r]); })
                  : MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv,
                                  rcounts.data(), rdispls.data(), MPI_UINT16_T, comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoallv (fp16 compression)", rc, name);
     SumHalfBlocks(recv, p, mine, divide_by, block);
-    rc = p2p ? HalfFromOwners(comm, block, mine, counts, displs, send)
+    // p2p: my summed block out to every rank, block r in from rank r
+    if (p2p) std::memcpy(send + displs[me], block, mine * 2);
+    rc = p2p ? ExchangeSleeping(
+                   comm, MPI_UINT16_T, 3,
+                   [&](int r) { return std::make_pair(send + displs[r], counts[r]); },
+                   [&](int) { return std::make_pair(block, mine); })
              : MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
                               MPI_UINT16_T, comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Allgatherv (fp16 compression)", rc, name);
