@@ -12,8 +12,10 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
 
 0. Before the rows of each link: the link check (benchmarks/linkcheck.py),
    printed and written to linkcheck.csv: a plain TCP stream's rate and round
-   trip, an MPI round trip, a raw MPI allreduce of the gradients against the
-   wire time, with Open MPI's defaults and with mxnet_mpi's.
+   trip, a plain TCP exchange of the gradients' bytes each way with its CPU
+   time / wall time (the kernel's share of any store's CPU while it
+   communicates), an MPI round trip, a raw MPI allreduce of the gradients
+   against the wire time, with Open MPI's defaults and with mxnet_mpi's.
 
 1. Calibrate on an unshaped link: compute time per step and gradient bytes.
 2. Pick link rates so that communication is about 0.5x, 1x and 2x compute:

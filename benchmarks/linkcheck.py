@@ -8,6 +8,10 @@ link shaped to `rate_gbit`:
 
 - a plain TCP stream's rate (100 MiB, or what takes about 1 s at the rate);
 - a plain TCP round trip (1 byte, TCP_NODELAY, median of 200);
+- a plain TCP exchange of the gradient size in both directions at once (what
+  each rank of a 2-rank allreduce sends and receives), from and into buffers
+  of that size, with each side's CPU time / wall time: the kernel's TCP work
+  on this link, the floor under any store's CPU while it communicates;
 - an MPI round trip (mpi4py, 8 bytes, half of it reported as Open MPI reports
   latency, median of 200), quiet and while a busy process shares each
   rank's cores (as backprop does during training), and a raw in-place ``MPI_Allreduce`` of the
@@ -53,17 +57,20 @@ def wire_ms(nbytes: float, rate_gbit: float, ranks: int = 2) -> float:
 def serve(port: int) -> None:
     """One connection at a time: 's' + 8-byte size: read that many bytes and
     answer the seconds it took (first byte to last); 'p' + 4-byte count: echo
-    that many single bytes."""
+    that many single bytes; 'x' + 8-byte size: exchange (below)."""
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("0.0.0.0", port))
     ls.listen(1)
     print("ready", flush=True)
-    for _ in range(2):
+    for _ in range(3):
         conn, _ = ls.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         kind = conn.recv(1)
-        if kind == b"s":
+        if kind == b"x":
+            n = int.from_bytes(_recv_exact(conn, 8), "little")
+            conn.sendall(json.dumps(exchange(conn, n)).encode())
+        elif kind == b"s":
             left = int.from_bytes(_recv_exact(conn, 8), "little")
             t0 = None
             while left > 0:
@@ -90,8 +97,38 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return buf
 
 
-def client(addr: str, port: int, nbytes: int, pings: int) -> None:
-    """Stream `nbytes` then ping `pings` times; prints {"gbit", "rtt_us"}."""
+def exchange(conn: socket.socket, n: int) -> dict:
+    """Send and receive `n` bytes at once on `conn` (the peer does the same),
+    from and into buffers of `n` bytes; {"ms", "cpu_per_wall"} of this side."""
+    import threading
+
+    # written once before the clock starts, as a store's reused buffers are:
+    # first-touch page faults are not the network's work
+    out, into = memoryview(bytearray(b"\1") * n), memoryview(bytearray(b"\2") * n)
+    conn.sendall(b"g")
+    _recv_exact(conn, 1)   # both sides start together
+    t0, c0 = time.perf_counter(), time.process_time()
+
+    def send() -> None:
+        for at in range(0, n, 1 << 20):
+            conn.sendall(out[at:at + (1 << 20)])
+    sender = threading.Thread(target=send)
+    sender.start()
+    got = 0
+    while got < n:
+        k = conn.recv_into(into[got:], n - got)
+        if not k:
+            raise ConnectionError("peer closed")
+        got += k
+    sender.join()
+    wall = time.perf_counter() - t0
+    return {"ms": wall * 1e3, "cpu_per_wall": (time.process_time() - c0) / wall}
+
+
+def client(addr: str, port: int, nbytes: int, pings: int, xbytes: int) -> None:
+    """Stream `nbytes`, ping `pings` times, exchange `xbytes` each way; prints
+    {"gbit", "rtt_us", "xchg_ms", "xchg_cpu_per_wall"} (the exchange: the
+    slower side's time, both sides' mean CPU/wall)."""
     c = socket.create_connection((addr, port))
     c.sendall(b"s" + nbytes.to_bytes(8, "little"))
     block = b"\0" * (1 << 20)
@@ -111,7 +148,15 @@ def client(addr: str, port: int, nbytes: int, pings: int) -> None:
         _recv_exact(c, 1)
         rtts.append(time.perf_counter() - t0)
     c.close()
-    print(json.dumps({"gbit": nbytes * 8 / secs / 1e9, "rtt_us": statistics.median(rtts) * 1e6}))
+    c = socket.create_connection((addr, port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c.sendall(b"x" + xbytes.to_bytes(8, "little"))
+    mine = exchange(c, xbytes)
+    theirs = json.loads(c.recv(256))
+    c.close()
+    print(json.dumps({"gbit": nbytes * 8 / secs / 1e9, "rtt_us": statistics.median(rtts) * 1e6,
+                      "xchg_ms": max(mine["ms"], theirs["ms"]),
+                      "xchg_cpu_per_wall": (mine["cpu_per_wall"] + theirs["cpu_per_wall"]) / 2}))
 
 
 def mpi_probe(nbytes: int, reps: int, out: str) -> None:
@@ -167,8 +212,9 @@ def mpi_probe(nbytes: int, reps: int, out: str) -> None:
 
 
 # ----------------------------------------------------------------- driver
-def tcp_check(cluster, rate_gbit: float | None) -> dict:
-    """A plain TCP stream host 0 -> host 1 and a 1-byte round trip."""
+def tcp_check(cluster, rate_gbit: float | None, xbytes: int) -> dict:
+    """A plain TCP stream host 0 -> host 1, a 1-byte round trip and an
+    exchange of `xbytes` each way."""
     server = subprocess.Popen(cluster.exec_cmd(1, [sys.executable, __file__, "--serve",
                                                    str(PORT)]),
                               stdout=subprocess.PIPE, text=True)
@@ -177,7 +223,7 @@ def tcp_check(cluster, rate_gbit: float | None) -> dict:
         nbytes = 100 << 20 if not rate_gbit else int(min(100 << 20, rate_gbit * 1e9 / 8))
         res = subprocess.run(cluster.exec_cmd(0, [sys.executable, __file__, "--client",
                                                   cluster.addrs[1], str(PORT), str(nbytes),
-                                                  "200"]),
+                                                  "200", str(xbytes)]),
                              capture_output=True, text=True, timeout=120, check=True)
         return json.loads(res.stdout.strip().splitlines()[-1])
     finally:
@@ -199,7 +245,7 @@ def check_link(cluster, rate_gbit: float | None, grad_bytes: int, outdir: Path) 
     sys.path.insert(0, str(ROOT))
     from mxnet_mpi import transport
 
-    tcp = tcp_check(cluster, rate_gbit)
+    tcp = tcp_check(cluster, rate_gbit, grad_bytes)   # a 2-rank allreduce's bytes each way
     base = cluster.env()
     for name in transport.DEFAULTS:
         base.pop(name, None)
@@ -211,7 +257,9 @@ def check_link(cluster, rate_gbit: float | None, grad_bytes: int, outdir: Path) 
     wire = wire_ms(grad_bytes, rate_gbit) if rate_gbit else None
     row = {"link_gbit": rate_gbit, "tcp_gbit": tcp["gbit"],
            "tcp_share": tcp["gbit"] / rate_gbit if rate_gbit else None,
-           "tcp_rtt_us": tcp["rtt_us"], "grad_MB": grad_bytes / 2**20, "wire_ms": wire}
+           "tcp_rtt_us": tcp["rtt_us"], "tcp_exchange_ms": tcp["xchg_ms"],
+           "tcp_exchange_cpu_per_wall": tcp["xchg_cpu_per_wall"],
+           "grad_MB": grad_bytes / 2**20, "wire_ms": wire}
     for tag, r in (("ompi", plain), ("ours", tuned)):
         row["mpi_half_rtt_us_" + tag] = r["half_rtt_us"]
         row["mpi_half_rtt_busy_us_" + tag] = r["half_rtt_busy_us"]
@@ -224,13 +272,16 @@ def check_link(cluster, rate_gbit: float | None, grad_bytes: int, outdir: Path) 
 def print_check(row: dict) -> None:
     rate = row["link_gbit"]
     share = row["tcp_share"]
-    print("link check %s: TCP stream %.2f Gbit/s%s, TCP round trip %.0f us; MPI half round "
+    print("link check %s: TCP stream %.2f Gbit/s%s, TCP round trip %.0f us, TCP exchange of "
+          "%.1f MB each way %.0f ms at %.2f CPU/wall; MPI half round "
           "trip %.0f us (Open MPI defaults) / %.0f us (ours), with a busy process beside "
           "each rank %.0f / %.0f us; raw allreduce of %.1f MB %.0f / %.0f ms%s, CPU/wall "
           "%.2f / %.2f"
           % ("unshaped" if not rate else "%g Gbit/s" % rate, row["tcp_gbit"],
              "" if share is None else " (%.0f%% of the shaped rate)" % (100 * share),
-             row["tcp_rtt_us"], row["mpi_half_rtt_us_ompi"], row["mpi_half_rtt_us_ours"],
+             row["tcp_rtt_us"], row["grad_MB"], row["tcp_exchange_ms"],
+             row["tcp_exchange_cpu_per_wall"], row["mpi_half_rtt_us_ompi"],
+             row["mpi_half_rtt_us_ours"],
              row["mpi_half_rtt_busy_us_ompi"], row["mpi_half_rtt_busy_us_ours"],
              row["grad_MB"], row["allreduce_ms_ompi"], row["allreduce_ms_ours"],
              "" if not row["wire_ms"] else " (%.2fx / %.2fx the wire time %.0f ms)"
@@ -324,7 +375,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="--sweep: alternating rounds")
     ap.add_argument("--outdir", default=str(HERE / "results"))
     ap.add_argument("--serve", type=int)
-    ap.add_argument("--client", nargs=4)
+    ap.add_argument("--client", nargs=5)
     ap.add_argument("--mpi-probe", type=int)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out")
@@ -332,7 +383,7 @@ def main() -> None:
     if a.serve:
         serve(a.serve)
     elif a.client:
-        client(a.client[0], int(a.client[1]), int(a.client[2]), int(a.client[3]))
+        client(a.client[0], *(int(v) for v in a.client[1:]))
     elif a.mpi_probe:
         mpi_probe(a.mpi_probe, a.reps, a.out)
     elif a.sweep:

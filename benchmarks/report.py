@@ -622,8 +622,21 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
     if pair_rows:
         out += _cluster_pair(pair_rows, hosts)
     if targets:
-        out += _cluster_targets(rows, mode)
+        out += _cluster_targets(rows, mode, _tcp_floor(p.with_name("linkcheck.csv")))
     return out
+
+
+def _tcp_floor(path: Path) -> dict:
+    """{link Gbit/s: CPU/wall of the link check's plain TCP exchange} from the
+    linkcheck.csv the same run wrote (empty for runs from before that column)."""
+    if not path.is_file():
+        return {}
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), [])
+    if "tcp_exchange_cpu_per_wall" not in header:
+        return {}
+    rows = read_csv(path, {"link_gbit": "num", "tcp_exchange_cpu_per_wall": "num"})
+    return {round(r["link_gbit"], 3): r["tcp_exchange_cpu_per_wall"] for r in rows}
 
 
 def _cluster_pair(rows: list, hosts: bool) -> list:
@@ -662,11 +675,12 @@ def _cluster_pair(rows: list, hosts: bool) -> list:
             table(head, body, set(range(n + 2, len(head)))), ""]
 
 
-def _cluster_targets(rows: list, mode: str | None) -> list:
+def _cluster_targets(rows: list, mode: str | None, floor: dict | None = None) -> list:
     """The cross-host targets, read from the rows: comm only <= 1.15x the wire
-    time, at most 10% of a core while waiting, the default store's step
-    <= 1.10x max(compute, comm), >= 1.15x faster than dist_sync (1.5x at 4 hosts
-    and more), ahead of Horovod with equal compute."""
+    time, at most 10% of a core while waiting (beside `floor`, the link
+    check's plain TCP exchange of the same bytes, by link), the default
+    store's step <= 1.10x max(compute, comm), >= 1.15x faster than dist_sync
+    (1.5x at 4 hosts and more), ahead of Horovod with equal compute."""
     def at(store, g):
         return next((r for r in rows if r["store"] == store
                      and (r.get("hosts"), r["link_gbit"]) == g), None)
@@ -697,6 +711,11 @@ def _cluster_targets(rows: list, mode: str | None) -> list:
         lines.append("- at most 0.10 of a core per rank while communicating (CPU/wall of comm "
                      "only): %s (%s);" % (verdict([c <= 0.10 for c in cpu]),
                                           ", ".join("%.2f" % c for c in cpu)))
+        tcp = [(floor or {}).get(round(g[1], 3)) for g in groups]
+        if all(t is not None for t in tcp):
+            lines.append("  a plain TCP exchange of the same bytes each way between the two "
+                         "hosts (the link check, no MPI, no store) takes %s of a core: the "
+                         "kernel's TCP work alone;" % ", ".join("%.2f" % t for t in tcp))
     vmax = [ours[g] / max(bounds[g][0], bounds[g][1]) for g in groups]
     lines.append("- step at most 1.10x max(compute, comm): %s (%s);"
                  % (verdict([v <= 1.10 for v in vmax]), ", ".join("%.2fx" % v for v in vmax)))
