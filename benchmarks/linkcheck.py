@@ -152,7 +152,10 @@ def client(addr: str, port: int, nbytes: int, pings: int, xbytes: int) -> None:
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     c.sendall(b"x" + xbytes.to_bytes(8, "little"))
     mine = exchange(c, xbytes)
-    theirs = json.loads(c.recv(256))
+    answer = b""
+    while chunk := c.recv(256):   # the server answers, then closes
+        answer += chunk
+    theirs = json.loads(answer)
     c.close()
     print(json.dumps({"gbit": nbytes * 8 / secs / 1e9, "rtt_us": statistics.median(rtts) * 1e6,
                       "xchg_ms": max(mine["ms"], theirs["ms"]),
