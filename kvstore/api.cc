@@ -39,7 +39,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 5;
+constexpr int kAbiVersion = 6;
 
 namespace mxnet_mpi {
 namespace {
@@ -404,11 +404,13 @@ MXMPI_API int mxmpi_finalize() {
 
 // Set before mxmpi_init: stall warning/abort times (s), heartbeat period (s; 0
 // disables the heartbeat thread).
-MXMPI_API int mxmpi_configure(double warn_s, double abort_s, double interval_s) {
+MXMPI_API int mxmpi_configure(double warn_s, double abort_s, double interval_s,
+                              int comm_nice) {
   HealthOptions& o = Options();
   o.warn_s = warn_s;
   o.abort_s = abort_s;
   o.interval_s = interval_s;
+  SetCommNice(comm_nice);
   return 0;
 }
 

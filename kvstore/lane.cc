@@ -1,7 +1,11 @@
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "lane.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -84,6 +88,19 @@ bool Lane::CheckUsable(const int64_t* res, uint64_t seq) {
          res[kJoined] == 0;
 }
 
+namespace {
+std::atomic<int> g_comm_nice{0};
+}  // namespace
+
+void SetCommNice(int nice) { g_comm_nice = nice; }
+
+void ApplyCommNice() {
+  const int nice = g_comm_nice;
+  // this thread only (Linux: a thread id is a PRIO_PROCESS target); refused
+  // without the privilege, which leaves the thread as it was
+  if (nice != 0) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
+}
+
 int WaitPolitely(MPI_Request* req) {
   const auto start = Clock::now();
   for (;;) {
@@ -128,6 +145,7 @@ void Lane::StartThread() {
   if (!thread_.joinable()) {
     thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "mxmpi-lane");
+      if (cfg_.p2p_bytes > 0) ApplyCommNice();
       Loop();
     });
   }

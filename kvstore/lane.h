@@ -137,6 +137,16 @@ class Lane {
 // (peers usually arrive together), then sleeps between tests.
 int WaitPolitely(MPI_Request* req);
 
+// The nice value (setpriority) a store's communicating thread takes when its
+// waits sleep (the point-to-point route, across hosts): woken by the network,
+// it then gets the core from backprop at once and keeps the link busy. Set at
+// init (MXNET_MPI_COMM_NICE; 0: leave the threads alone); where the system
+// refuses it (a negative value needs CAP_SYS_NICE or RLIMIT_NICE) the thread
+// keeps the process's priority.
+void SetCommNice(int nice);
+// Called by a communicating thread as it starts, when its store's waits sleep.
+void ApplyCommNice();
+
 }  // namespace mxnet_mpi
 
 #endif  // MXNET_MPI_LANE_H_

@@ -90,6 +90,7 @@ Store::Store(int id, ExecKind kind, MPI_Comm comm, const std::string& name,
       lanes_.emplace_back(new Lane(c));
       negotiator_ = std::thread([this] {
         pthread_setname_np(pthread_self(), "mxmpi-funneled");
+        if (options_.p2p_bytes > 0) ApplyCommNice();
         NegotiationLoop();
       });
       break;

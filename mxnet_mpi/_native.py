@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -224,7 +224,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_python_exit.argtypes = []
     lib.mxmpi_abort.argtypes = [i]
     lib.mxmpi_forked.argtypes = []
-    lib.mxmpi_configure.argtypes = [d, d, d]
+    lib.mxmpi_configure.argtypes = [d, d, d, i]
     lib.mxmpi_comm_split.argtypes = [i, i, i, pi]
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_free.argtypes = [i]

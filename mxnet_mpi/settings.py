@@ -30,7 +30,7 @@ _FALSE = ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class Setting:
-    """One environment variable. `kind`: 'int' and 'float' (>= `minimum`),
+    """One environment variable. `kind`: 'int' and 'float' (>= `minimum`, <= `maximum`),
     'bool', 'choice' (one of `choices`, case-insensitive) or 'str'. A default
     of None means unset (the meaning is in `default_doc`)."""
 
@@ -40,6 +40,7 @@ class Setting:
     doc: str
     choices: tuple = ()
     minimum: float = 0
+    maximum: float | None = None
     default_doc: str | None = None
     # the error for a value not in `choices` (fields: name, value, choices)
     bad_choice: str = "%(name)s must be one of %(choices)s, got %(value)r"
@@ -60,6 +61,8 @@ class Setting:
             if value < self.minimum:
                 raise _bad("%s must be >= %g, got %r" % (self.name, self.minimum,
                                                                      raw))
+            if self.maximum is not None and value > self.maximum:
+                raise _bad("%s must be <= %g, got %r" % (self.name, self.maximum, raw))
             return value
         if self.kind == "bool":
             low = text.lower()
@@ -112,6 +115,12 @@ TABLE: tuple = (
             "instead of `MPI_Allreduce`; 0: never. fp16-compressed allreduces of at least this "
             "many bytes exchange their blocks the same way. On shared memory MPI's own "
             "allreduce is faster", default_doc="1 across hosts, 0 on one host"),
+    Setting("MXNET_MPI_COMM_NICE", "int", -10,
+            "nice value of a store's communicating thread where its waits sleep (the "
+            "point-to-point route, across hosts): woken by the network, it takes the core from "
+            "backprop at once and keeps the link busy. A negative value needs CAP_SYS_NICE or "
+            "RLIMIT_NICE; without them the thread keeps the process's priority. 0: leave it",
+            minimum=-20, maximum=19),
     Setting("MXNET_MPI_TRANSPORT_DEFAULTS", "bool", True,
             "0: `import mxnet_mpi` and the launcher do not set Open MPI's transport variables "
             "(`OMPI_MCA_btl_tcp_links=4`, and `OMPI_MCA_btl=^ofi` on a host without an RDMA "

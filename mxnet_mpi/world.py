@@ -100,7 +100,7 @@ def init() -> Communicator:
             warnings.warn("MXNET_MPI_CHECK_SIGNATURES=0 is ignored: ranks always agree on "
                           "each collective before data moves (it is how they stay paired)",
                           stacklevel=2)
-        LIB.mxmpi_configure(warn, abort, interval)
+        LIB.mxmpi_configure(warn, abort, interval, settings.get("MXNET_MPI_COMM_NICE"))
         _keep_mpi4py_from_finalizing()
         if timeline.requested():
             timeline.start()

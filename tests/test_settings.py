@@ -43,6 +43,8 @@ def test_only_the_table_reads_the_environment():
     ("MXNET_MPI_CHUNK_BYTES", "16M", "MXNET_MPI_CHUNK_BYTES must be an integer, got '16M'"),
     ("MXNET_MPI_FUSION_BYTES", "-1", "MXNET_MPI_FUSION_BYTES must be >= 0, got '-1'"),
     ("MXNET_MPI_LARGE_LANES", "0", "MXNET_MPI_LARGE_LANES must be >= 1, got '0'"),
+    ("MXNET_MPI_COMM_NICE", "20", "MXNET_MPI_COMM_NICE must be <= 19, got '20'"),
+    ("MXNET_MPI_COMM_NICE", "-21", "MXNET_MPI_COMM_NICE must be >= -20, got '-21'"),
     ("MXNET_MPI_STALL_WARN_S", "soon", "MXNET_MPI_STALL_WARN_S must be a number, got 'soon'"),
     ("MXNET_MPI_AVERAGE", "maybe", "MXNET_MPI_AVERAGE must be 0 or 1, got 'maybe'"),
     ("MXNET_MPI_MODE", "Bogus", "unknown mxnet_mpi mode 'bogus' (from MXNET_MPI_MODE)"),

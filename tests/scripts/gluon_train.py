@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import socket
+import threading
 
 import mxnet as mx
 import numpy as np
@@ -72,6 +73,38 @@ for step in range(args.steps):
 os.makedirs(args.outdir, exist_ok=True)
 np.savez(os.path.join(args.outdir, "rank%d.npz" % rank), **saved)
 print("rank %d of %d done" % (rank, size), flush=True)
+
+
+def comm_thread_nice() -> list:
+    """The nice values of the store's communicating threads (Linux /proc)."""
+    nice = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % task) as f:
+                if f.read().strip() in ("mxmpi-funneled", "mxmpi-lane"):
+                    nice.append(os.getpriority(os.PRIO_PROCESS, int(task)))
+        except OSError:   # the thread ended meanwhile
+            pass
+    return nice
+
+
+def may_raise_priority() -> bool:
+    """Whether this process may give a thread a negative nice value."""
+    got = []
+
+    def probe() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -1)
+            got.append(True)
+        except OSError:
+            got.append(False)
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return got[0]
+
+
 if not (args.reference or args.kvstore.startswith("dist")):   # where MPI placed this rank
     print("PLACED " + json.dumps([rank, size, mxnet_mpi.local_rank(), mxnet_mpi.local_size(),
-                                  socket.gethostname()]), flush=True)
+                                  socket.gethostname(), comm_thread_nice(),
+                                  may_raise_priority()]), flush=True)
