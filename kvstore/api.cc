@@ -403,7 +403,8 @@ MXMPI_API int mxmpi_finalize() {
 }
 
 // Set before mxmpi_init: stall warning/abort times (s), heartbeat period (s; 0
-// disables the heartbeat thread).
+// disables the heartbeat thread), the nice value of communicating threads
+// whose waits sleep (0: leave them; see ApplyCommNice).
 MXMPI_API int mxmpi_configure(double warn_s, double abort_s, double interval_s,
                               int comm_nice) {
   HealthOptions& o = Options();
