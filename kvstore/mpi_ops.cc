@@ -346,27 +346,30 @@ std::string CompressedSum(MPI_Comm comm, const void* in, void* out, int64_t n, i
     } else {
       DoubleToHalf(reinterpret_cast<const double*>(src), send, len);
     }
-    std::vector<int> rcounts(p, mine), rdispls(p);
-    for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
-    // p2p: every rank's copy of my block in, my copy of block r out to rank r
-    if (p2p) std::memcpy(recv + static_cast<int64_t>(me) * mine, send + displs[me], mine * 2);
-    int rc = p2p ? ExchangeSleeping(
-                       comm, MPI_UINT16_T, 2,
-                       [&](int r) { return std::make_pair(recv + static_cast<int64_t>(r) * mine,
-                                                          mine); },
-                       [&](int r) { return std::make_pair(send + displs[r], counts[r]); })
-                 : MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv,
-                                 rcounts.data(), rdispls.data(), MPI_UINT16_T, comm);
+    int rc;
+    if (p2p) {   // every rank's copy of my block in, my copy of block r out to rank r
+      std::memcpy(recv + static_cast<int64_t>(me) * mine, send + displs[me], mine * 2);
+      rc = ExchangeSleeping(
+          comm, MPI_UINT16_T, 2,
+          [&](int r) { return std::make_pair(recv + static_cast<int64_t>(r) * mine, mine); },
+          [&](int r) { return std::make_pair(send + displs[r], counts[r]); });
+    } else {
+      std::vector<int> rcounts(p, mine), rdispls(p);
+      for (int r = 0; r < p; ++r) rdispls[r] = r * mine;
+      rc = MPI_Alltoallv(send, counts.data(), displs.data(), MPI_UINT16_T, recv, rcounts.data(),
+                         rdispls.data(), MPI_UINT16_T, comm);
+    }
     if (rc != MPI_SUCCESS) return MpiError("MPI_Alltoallv (fp16 compression)", rc, name);
     SumHalfBlocks(recv, p, mine, divide_by, block);
-    // p2p: my summed block out to every rank, block r in from rank r
-    if (p2p) std::memcpy(send + displs[me], block, mine * 2);
-    rc = p2p ? ExchangeSleeping(
-                   comm, MPI_UINT16_T, 3,
-                   [&](int r) { return std::make_pair(send + displs[r], counts[r]); },
-                   [&](int) { return std::make_pair(block, mine); })
-             : MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
-                              MPI_UINT16_T, comm);
+    if (p2p) {   // my summed block out to every rank, block r in from rank r
+      std::memcpy(send + displs[me], block, mine * 2);
+      rc = ExchangeSleeping(
+          comm, MPI_UINT16_T, 3, [&](int r) { return std::make_pair(send + displs[r], counts[r]); },
+          [&](int) { return std::make_pair(block, mine); });
+    } else {
+      rc = MPI_Allgatherv(block, mine, MPI_UINT16_T, send, counts.data(), displs.data(),
+                          MPI_UINT16_T, comm);
+    }
     if (rc != MPI_SUCCESS) return MpiError("MPI_Allgatherv (fp16 compression)", rc, name);
     if (out == nullptr) continue;
     char* dst = static_cast<char*>(out) + off * esize;
