@@ -631,12 +631,13 @@ def _tcp_floor(path: Path) -> dict:
     linkcheck.csv the same run wrote (empty for runs from before that column)."""
     if not path.is_file():
         return {}
-    with open(path, newline="") as f:
-        header = next(csv.reader(f), [])
-    if "tcp_exchange_cpu_per_wall" not in header:
+    rows = read_csv(path, {})
+    if not rows or not {"link_gbit", "tcp_exchange_cpu_per_wall"} <= set(rows[0]):
         return {}
-    rows = read_csv(path, {"link_gbit": "num", "tcp_exchange_cpu_per_wall": "num"})
-    return {round(r["link_gbit"], 3): r["tcp_exchange_cpu_per_wall"] for r in rows}
+
+    def num(r: dict, col: str) -> float:
+        return _convert(path, r["_line"], col, r[col], "num")
+    return {round(num(r, "link_gbit"), 3): num(r, "tcp_exchange_cpu_per_wall") for r in rows}
 
 
 def _cluster_pair(rows: list, hosts: bool) -> list:
