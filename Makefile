@@ -23,9 +23,10 @@ endif
 run: build
 	$(VENV)/bin/mpirun -np $(NP) --oversubscribe $(PY) examples/train_gluon.py --steps 20
 
-# Two workers fill two cores: most of a test's time is MXNet's import (about 2 s
-# of CPU per process) and waiting on timeouts. A file stays on one worker, so
-# its shared results are made once; tests/conftest.py starts the longest first.
+# Two workers fill two cores: much of a test's time is starting MXNet in fresh
+# processes (about 0.7 s of CPU each with tests/site, 1.6 s without) and waiting
+# on timeouts. A file stays on one worker, so its shared results are made once;
+# tests/conftest.py starts the longest first.
 test: build
 	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder
 

@@ -10,16 +10,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# sitecustomize for the suite's own processes: a faster MXNet import (see there)
+SITE = Path(__file__).resolve().parent / "site"
 BIN = Path(sys.executable).parent
 MPIRUN = str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun"
+
+
+def python_path(env: dict) -> str:
+    """PYTHONPATH for a test process: the checkout and tests/site first."""
+    return os.pathsep.join([str(ROOT), str(SITE), env.get("PYTHONPATH", "")])
 
 
 def mpi_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update({
         "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(env),
     })
     env.update(extra or {})
     return env

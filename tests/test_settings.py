@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from mpirun import ROOT
+from mpirun import ROOT, python_path
 
 from mxnet_mpi import settings
 from mxnet_mpi.errors import MPIKVStoreError
@@ -106,7 +106,7 @@ def test_store_zero_takes_the_settings(tmp_path):
     value stops the initialisation with an error naming the variable."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "PMI_", "MXNET_MPI_"))}
-    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    env.update(PYTHONPATH=python_path(env),
                MXNET_MPI_FUSION_BYTES="12345", MXNET_MPI_CYCLE_US="77")
     script = tmp_path / "store_zero.py"
     script.write_text(STORE_ZERO)

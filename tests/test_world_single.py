@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from mpirun import ROOT, SCRIPTS
+from mpirun import ROOT, SCRIPTS, python_path
 
 
 def check(seen: dict) -> None:
@@ -25,7 +25,7 @@ def test_plain_python_process_is_a_world_of_one():
     # no trace of a launcher in the environment
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "PMI_"))}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = python_path(env)
     proc = subprocess.run([sys.executable, str(SCRIPTS / "world_single.py")], env=env,
                           cwd=str(ROOT), capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
