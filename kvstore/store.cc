@@ -132,6 +132,10 @@ void Store::Reserve(Lane* lane, uint64_t seq) {
 }
 
 void Store::Ready(Lane* lane, Request r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+  }
   auto inner = std::move(r.done);
   r.done = [this, inner](const std::string& err) {
     if (inner) inner(err);
@@ -147,6 +151,7 @@ void Store::Ready(Lane* lane, Request r) {
     }
     cv_.notify_all();
   }
+  EndCall();
 }
 
 size_t Store::Outstanding() {
@@ -154,12 +159,16 @@ size_t Store::Outstanding() {
   return outstanding_;
 }
 
-void Store::Completed() {
+void Store::Completed() { Release(false); }
+
+void Store::EndCall() { Release(true); }
+
+void Store::Release(bool call) {
   bool teardown = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    --outstanding_;
-    teardown = closed_ && outstanding_ == 0 && !torn_down_;
+    --(call ? calls_ : outstanding_);
+    teardown = closed_ && outstanding_ == 0 && calls_ == 0 && !torn_down_;
   }
   cv_.notify_all();
   if (teardown) {
@@ -215,7 +224,7 @@ void Store::Close() {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
-    now = outstanding_ == 0;
+    now = outstanding_ == 0 && calls_ == 0;
   }
   if (now) Teardown();
 }

@@ -81,6 +81,9 @@ class Store {
 
  private:
   void Completed();
+  // Ends a Ready() call; tears down once closed and nothing is left.
+  void EndCall();
+  void Release(bool call);
   void NegotiationLoop();
   void Teardown();
 
@@ -100,6 +103,10 @@ class Store {
   std::mutex mu_;
   std::condition_variable cv_;
   size_t outstanding_ = 0;
+  // Ready() calls under way: a request may complete (and the store be closed
+  // and torn down) on another thread before the call that made it ready has
+  // left the lane, so the lanes stay until every such call has returned.
+  size_t calls_ = 0;
   bool closed_ = false;
   bool torn_down_ = false;
   // funneled
