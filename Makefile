@@ -26,8 +26,10 @@ run: build
 # Two workers fill two cores: much of a test's time is starting MXNet in fresh
 # processes (about 0.7 s of CPU each with tests/site, 1.6 s without) and waiting
 # on timeouts. A file stays on one worker, so its shared results are made once;
-# tests/conftest.py starts the longest first.
+# tests/conftest.py starts the longest first. compileall: with
+# PYTHONDONTWRITEBYTECODE set, each process would compile the package again.
 test: build
+	$(PY) -m compileall -q mxnet_mpi tests _mxnet_mpi_autoload.py
 	$(PY) -m pytest tests -q -n 2 --dist loadfile --no-loadscope-reorder
 
 build: $(VENV)/.built
