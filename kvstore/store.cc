@@ -136,6 +136,10 @@ void Store::Ready(Lane* lane, Request r) {
     std::lock_guard<std::mutex> lock(mu_);
     ++calls_;
   }
+  struct EndOfCall {
+    Store* store;
+    ~EndOfCall() { store->EndCall(); }
+  } end_of_call{this};
   auto inner = std::move(r.done);
   r.done = [this, inner](const std::string& err) {
     if (inner) inner(err);
@@ -151,7 +155,6 @@ void Store::Ready(Lane* lane, Request r) {
     }
     cv_.notify_all();
   }
-  EndCall();
 }
 
 size_t Store::Outstanding() {
