@@ -162,23 +162,35 @@ size_t Store::Outstanding() {
   return outstanding_;
 }
 
-void Store::Completed() { Release(false); }
-
-void Store::EndCall() { Release(true); }
-
-void Store::Release(bool call) {
+void Store::Completed() {
   bool teardown = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    --(call ? calls_ : outstanding_);
-    teardown = closed_ && outstanding_ == 0 && calls_ == 0 && !torn_down_;
+    --outstanding_;
+    teardown = TeardownDue();
   }
   cv_.notify_all();
-  if (teardown) {
-    // Not here: this may be one of the store's own threads.
-    std::shared_ptr<Store> self = StoreById(id_);
-    if (self) PostToOwner([self] { self->Teardown(); });
+  if (teardown) PostTeardown();
+}
+
+void Store::EndCall() {
+  bool teardown = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --calls_;
+    teardown = TeardownDue();
   }
+  if (teardown) PostTeardown();   // nothing waits on calls_: no wake-up
+}
+
+bool Store::TeardownDue() const {
+  return closed_ && outstanding_ == 0 && calls_ == 0 && !torn_down_;
+}
+
+void Store::PostTeardown() {
+  // Not here: this may be one of the store's own threads.
+  std::shared_ptr<Store> self = StoreById(id_);
+  if (self) PostToOwner([self] { self->Teardown(); });
 }
 
 std::string Store::Join() {
@@ -227,7 +239,7 @@ void Store::Close() {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
-    now = outstanding_ == 0 && calls_ == 0;
+    now = TeardownDue();
   }
   if (now) Teardown();
 }

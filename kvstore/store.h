@@ -80,10 +80,12 @@ class Store {
   bool closed() const { return closed_; }
 
  private:
+  // A request / a Ready() call ended: once closed and nothing is left, the
+  // owner thread tears the store down.
   void Completed();
-  // Ends a Ready() call; tears down once closed and nothing is left.
   void EndCall();
-  void Release(bool call);
+  bool TeardownDue() const;  // under mu_
+  void PostTeardown();
   void NegotiationLoop();
   void Teardown();
 
