@@ -18,6 +18,10 @@ std::mutex g_stores_mu;
 // must not tear down stores whose threads only exist in its parent.
 std::map<int, std::shared_ptr<Store>>& g_stores = *new std::map<int, std::shared_ptr<Store>>();
 
+// Ready() calls this thread is inside (of any store): Close() on such a
+// thread must not wait for the calls to end.
+thread_local int t_in_ready = 0;
+
 MPI_Comm Dup(MPI_Comm c) {
   MPI_Comm out = MPI_COMM_NULL;
   MPI_Comm_dup(c, &out);
@@ -136,9 +140,13 @@ void Store::Ready(Lane* lane, Request r) {
     std::lock_guard<std::mutex> lock(mu_);
     ++calls_;
   }
+  ++t_in_ready;
   struct EndOfCall {
     Store* store;
-    ~EndOfCall() { store->EndCall(); }
+    ~EndOfCall() {
+      --t_in_ready;
+      store->EndCall();
+    }
   } end_of_call{this};
   auto inner = std::move(r.done);
   r.done = [this, inner](const std::string& err) {
@@ -178,9 +186,15 @@ void Store::EndCall() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --calls_;
+    if (close_waits_) {
+      // That Close() tears down itself and may free the store once the lock
+      // is released: nothing after this touches *this.
+      cv_.notify_all();
+      return;
+    }
     teardown = TeardownDue();
   }
-  if (teardown) PostTeardown();   // nothing waits on calls_: no wake-up
+  if (teardown) PostTeardown();
 }
 
 bool Store::TeardownDue() const {
@@ -236,9 +250,18 @@ std::string Store::Join() {
 void Store::Close() {
   bool now = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
+    // With nothing outstanding, a Ready() call still under way only has to
+    // leave the lanes (it ran its last request): wait for that, so that the
+    // store goes here and now (before MPI_Finalize at the end of the job),
+    // not later on the owner thread.
+    if (outstanding_ == 0 && t_in_ready == 0 && calls_ > 0) {
+      close_waits_ = true;
+      cv_.wait(lock, [this] { return calls_ == 0; });
+      close_waits_ = false;
+    }
     now = TeardownDue();
   }
   if (now) Teardown();

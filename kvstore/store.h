@@ -109,6 +109,7 @@ class Store {
   // and torn down) on another thread before the call that made it ready has
   // left the lane, so the lanes stay until every such call has returned.
   size_t calls_ = 0;
+  bool close_waits_ = false;  // Close() waits for calls_ to reach 0
   bool closed_ = false;
   bool torn_down_ = false;
   // funneled
