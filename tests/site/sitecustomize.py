@@ -76,12 +76,11 @@ def _compiled(source: str):
     if code is None:
         code = compile(template, "<string>", "exec")
         direct = compile(source, "<string>", "exec")
-        if _swap(code, int(placeholder), handle) != direct:
-            return direct
-        cache[key] = code
-        _unsaved += 1
-    else:
-        hits += 1
+        if _swap(code, int(placeholder), handle) == direct:
+            cache[key] = code
+            _unsaved += 1
+        return direct
+    hits += 1
     return _swap(code, int(placeholder), handle)
 
 
