@@ -12,6 +12,10 @@ Switched off by ``MXNET_MPI_AUTOLOAD=0`` (read when mxnet is imported), and
 in ps-lite scheduler and server processes (``DMLC_ROLE``), whose role runs
 inside ``import mxnet``. If mxnet_mpi cannot be imported, ``import mxnet``
 still succeeds, with a warning that says why.
+
+Just before mxnet loads, in a rank of an MPI job of several ranks, the hook
+also sets MXNet's backward segment default (:func:`engine_defaults`), which
+MXNet reads only as it loads.
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ import threading
 
 _OFF = ("0", "false", "no", "off")
 _finding = threading.local()
+
+#: MXNet's most ops per engine segment of a training backward pass (default 15).
+SEGMENT_VAR = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
+# Either of these set by the user leaves MXNet's segments alone.
+_SEGMENT_SET_BY = (SEGMENT_VAR, "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN")
+# The number of ranks, as Open MPI, MPICH/Hydra (and Slurm's PMI) and MVAPICH
+# tell each process they start.
+_WORLD_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def enabled() -> bool:
@@ -52,6 +64,44 @@ def find_spec(name: str, path=None, target=None):
     return spec
 
 
+def mpi_ranks(env=None) -> int:
+    """The size of the MPI job this process was started in (1 if none)."""
+    env = os.environ if env is None else env
+    for name in _WORLD_SIZE_VARS:
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
+def backward_segment_ops(env=None) -> int:
+    """The most ops per backward segment that MXNet takes from `env` as it
+    loads: its variables in its order of precedence, else its 15."""
+    env = os.environ if env is None else env
+    for name in _SEGMENT_SET_BY:
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            continue
+    return 15
+
+
+def engine_defaults(env=None) -> dict:
+    """In a rank of an MPI job of several ranks, a backward pass in segments of
+    one op: MXNet runs up to 15 ops as one engine operation, so a gradient made
+    inside a segment is ready for its allreduce only when the whole segment
+    ends, and the link idles meanwhile (docs/across-hosts.md). Left alone where
+    the user set ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD`` or
+    ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN``. Hybridized blocks read it when
+    MXNet loads, so it must be set before. Returns what it set."""
+    env = os.environ if env is None else env
+    if mpi_ranks(env) < 2 or any(name in env for name in _SEGMENT_SET_BY):
+        return {}
+    env[SEGMENT_VAR] = "1"
+    return {SEGMENT_VAR: "1"}
+
+
 class _ThenMxnetMpi:
     """mxnet's own loader, followed by ``import mxnet_mpi``."""
 
@@ -67,6 +117,7 @@ class _ThenMxnetMpi:
     def exec_module(self, module) -> None:
         # mxnet keeps its own loader: nothing of this hook stays visible on it
         module.__spec__.loader = module.__loader__ = self._loader
+        engine_defaults()
         self._loader.exec_module(module)   # a ps-lite role never returns from here
         load_stores()
 

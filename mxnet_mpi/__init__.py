@@ -30,6 +30,11 @@ if not _launcher_only():
     from . import transport
 
     transport.apply()   # Open MPI's transport defaults, before MPI is initialised
+    if "mxnet" not in sys.modules:
+        # imported before mxnet: MXNet's backward segment default, which MXNet
+        # reads as it loads (the start-up hook sets it when mxnet is imported)
+        from _mxnet_mpi_autoload import engine_defaults
+        engine_defaults()
 
     from . import hybrid, mxnet_patches, ops, stores
     from .collectives import SUPPORTED_DTYPES
