@@ -46,7 +46,8 @@ rank's CPU time / wall time in that row (mean over ranks), bound_overlap_ms =
 max(compute, comm), bound_serial_ms = compute + comm, vs_bound = ms_per_step /
 bound_overlap_ms, vs_no_overlap), cluster.png, linkcheck.csv and cluster.json
 (the run's conditions: machine, date, binding, load average, transport
-settings).
+settings, MXNet's backward segments). Every row runs with the backward
+segments that mxnet_mpi gives a rank of an MPI job (dist_sync's workers too).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from linkcheck import check_link, print_check, wire_ms  # noqa: E402
+
+from _mxnet_mpi_autoload import SEGMENT_VAR, backward_segment_ops, engine_defaults  # noqa: E402
 
 MODES = ("chained", "funneled", "concurrent")
 
@@ -196,6 +199,9 @@ def job_env(cluster, chunk_bytes: int | None = None) -> dict:
     env = cluster.env()
     if chunk_bytes:
         env["MXNET_MPI_CHUNK_BYTES"] = str(chunk_bytes)
+    # MXNet's backward segments as mxnet_mpi sets them in a rank of an MPI job,
+    # for every row alike (dist_sync's workers are no MPI job); the caller's wins
+    env.update(engine_defaults(dict(env, OMPI_COMM_WORLD_SIZE="2")))
     env.update(OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
@@ -324,8 +330,11 @@ def drive(args: argparse.Namespace) -> None:
     cpus = netns.own_cores(args.hosts) + [None] if args.bind == "cores" else None
     with netns.NetnsCluster(args.hosts + 1, cpus=cpus) as cluster:
         binding = cluster.binding()
-        print("binding: %s; transport: %s; load average %s"
-              % (binding, transport.describe(cluster.env()), loads[0]), flush=True)
+        env = job_env(cluster)
+        engine = "backward segments of %d op(s)%s" % (
+            backward_segment_ops(env), " (%s)" % SEGMENT_VAR if SEGMENT_VAR in env else "")
+        print("binding: %s; transport: %s; MXNet %s; load average %s"
+              % (binding, transport.describe(cluster.env()), engine, loads[0]), flush=True)
         grad_bytes = None
         if args.rates:
             rates = [float(r) for r in args.rates.split(",")]
@@ -416,11 +425,12 @@ def drive(args: argparse.Namespace) -> None:
             print("link %g Gbit/s done (%.0f s so far)" % (rate, time.time() - t_start),
                   flush=True)
     loads.append(loadavg())
-    meta = {"note": "%s; %d hosts x 1 rank; %s; transport %s; machine %s (%d cores, shared "
-                    "with other work); load average %s"
+    meta = {"note": "%s; %d hosts x 1 rank; %s; transport %s; MXNet %s; machine %s (%d "
+                    "cores, shared with other work); load average %s"
                     % (time.strftime("%Y-%m-%d", time.gmtime(t_start)), args.hosts, binding,
-                       transport.describe(), platform.node(), os.cpu_count(),
+                       transport.describe(), engine, platform.node(), os.cpu_count(),
                        "-".join(loads)),
+            "engine": engine + ", every row",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
             "machine": "%s, %d cores" % (platform.node(), os.cpu_count()),
             "binding": binding, "load_average": loads, "transport": transport.describe(),

@@ -10,10 +10,16 @@ shaped to each rate), with ``--shm`` on 2 ranks of this machine. In one
 process per link, every configuration runs in turn, round after round, so
 load changes hit them alike:
 
-  compute      forward + backward + update, no communication
+  compute      forward + backward + update, no communication (also with the
+               --segments copies: "compute, N-op segments")
   comm         the default store's allreduce of the gradients alone
   budget B     Trainer(kvstore=mpi_funneled) with MXNET_MPI_PREEMPT_BYTES=B
                (0: pre-emption off, cycles run all they agreed on)
+  B, N-op segments
+               the default budget on a copy of the model whose backward pass
+               runs in MXNet engine segments of up to N ops (--segments; the
+               others run with the process's default: in an MPI job,
+               mxnet_mpi's 1 op, else MXNet's 15)
 
 Steps follow each other with no wait in between, as in training: the next
 forward is pushed while gradients still move, and its first layer can start
@@ -68,6 +74,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--shm", action="store_true", help="2 ranks on this machine instead")
     ap.add_argument("--budgets", default="0,1M,4M",
                     help="MXNET_MPI_PREEMPT_BYTES values compared (0: off)")
+    ap.add_argument("--segments", default="15",
+                    help="MXNet backward segment sizes (ops) also run at the default budget "
+                         "(comma-separated; empty: none)")
     ap.add_argument("--rounds", type=int, help="rounds of every config (default 4, quick 3)")
     ap.add_argument("--steps", type=int, default=3, help="steps per config per round")
     ap.add_argument("--outdir", default=str(HERE / "results"))
@@ -77,6 +86,11 @@ def parse() -> argparse.Namespace:
     if args.rates is None:
         args.rates = "0.5" if args.quick else "1,0.5"
     return args
+
+
+def training_free(config: str) -> bool:
+    """A config with no training store: compute only (any segments) or comm only."""
+    return config == "comm" or config.startswith("compute")
 
 
 def budget_name(b: int) -> str:
@@ -92,6 +106,7 @@ def worker(args: argparse.Namespace) -> None:
     from workload import gluoncv_workload
 
     import mxnet_mpi
+    from _mxnet_mpi_autoload import backward_segment_ops
     from mxnet_mpi import settings, timeline
 
     rank = mxnet_mpi.rank()
@@ -114,19 +129,35 @@ def worker(args: argparse.Namespace) -> None:
         assert kv.stream.options()["preempt_bytes"] == b
         trainers[budget_name(b)] = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
     os.environ.pop("MXNET_MPI_PREEMPT_BYTES")
+    # the backward segments MXNet took as its default when it loaded here
+    segments = {name: backward_segment_ops() for name in trainers}
+    works = {}   # configs on a copy of the model with other backward segments
+    default_budget = settings.BY_NAME["MXNET_MPI_PREEMPT_BYTES"].default
+    for n in [int(x) for x in args.segments.split(",") if x.strip()]:
+        name = "%s, %d-op segments" % (budget_name(default_budget), n)
+        works[name] = gluoncv_workload(args.model, args.batch, args.image_size,
+                                       backward_bulk_size=n)
+        trainers[name] = gluon.Trainer(works[name].net.collect_params(), "sgd", opt,
+                                       kvstore=mx.kv.create("mpi_funneled"))
+        alone = "compute, %d-op segments" % n
+        works[alone] = works[name]
+        trainers[alone] = gluon.Trainer(works[name].net.collect_params(), "sgd", opt,
+                                        kvstore=None)
+        segments[name] = segments[alone] = n
     comm_kv = mx.kv.create("mpi")
 
-    def train_step(trainer) -> None:
-        probe("fwd", first.data())   # ready once the first layer's weight is updated
-        work.forward_backward()
-        probe("bwd", first.grad())   # ready once backward made the first layer's gradient
+    def train_step(trainer, w) -> None:
+        probe("fwd", w.params[0].data())   # ready once the first layer's weight is updated
+        w.forward_backward()
+        probe("bwd", w.params[0].grad())   # ready once backward made the first layer's gradient
         trainer.step(args.batch)
 
     def comm_step() -> None:
         for i in reversed(range(len(params))):
             comm_kv.pushpull("g%d" % i, params[i].grad(), priority=-i)
 
-    configs = {name: (lambda t=t: train_step(t)) for name, t in trainers.items()}
+    configs = {name: (lambda t=t, w=works[name] if name in works else work: train_step(t, w))
+               for name, t in trainers.items()}
     configs["comm"] = comm_step
     wall = {n: 0.0 for n in configs}
     cpu = {n: 0.0 for n in configs}
@@ -152,8 +183,8 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.worker_json).write_text(json.dumps({
             "ms_per_step": {k: v * 1e3 / n for k, v in wall.items()},
             "cpu_per_wall": {k: cpu[k] / wall[k] for k in wall},
-            "stats": stats, "steps": n,
-            "default_budget": settings.BY_NAME["MXNET_MPI_PREEMPT_BYTES"].default,
+            "stats": stats, "steps": n, "segments": segments,
+            "default_budget": default_budget,
             "grad_bytes": sum(p.grad().size * 4 for p in params)}))
 
 
@@ -207,7 +238,8 @@ def analyse(trace: str, windows: list) -> dict:
 def worker_cmd(args: argparse.Namespace, out_json: Path) -> list:
     return [sys.executable, str(Path(__file__).resolve()), "--model", args.model,
             "--image-size", str(args.image_size), "--batch", str(args.batch),
-            "--budgets", args.budgets, "--rounds", str(args.rounds), "--steps",
+            "--budgets", args.budgets, "--segments", args.segments, "--rounds",
+            str(args.rounds), "--steps",
             str(args.steps), "--worker-json", str(out_json)]
 
 
@@ -218,11 +250,12 @@ def rows_of(res: dict, link: str, args: argparse.Namespace) -> list:
     for name, secs in ms.items():
         s = res["stats"].get(name) or {}
         rows.append({"link": link, "config": name, "ms_per_step": secs,
-                     "vs_off": off / secs if off and name not in ("compute", "comm") else None,
+                     "vs_off": off / secs if off and not training_free(name) else None,
                      "comm_after_backward": s.get("comm_after_backward"),
                      "comm_after_forward": s.get("comm_after_forward"),
                      "backward_to_forward_ms": s.get("backward_to_forward_ms"),
                      "cpu_per_wall": res["cpu_per_wall"][name],
+                     "bwd_segment_ops": res["segments"].get(name),
                      "compute_ms": ms["compute"], "comm_ms": ms["comm"],
                      "grad_MB": res["grad_bytes"] / 2**20, "steps": res["steps"]})
     return rows
@@ -265,6 +298,8 @@ def drive(args: argparse.Namespace) -> None:
                 print("link %g Gbit/s done (%.0f s)" % (rate, time.time() - t_start), flush=True)
     facts["seconds"] = round(time.time() - t_start)
     facts["default_budget"] = budget_name(res["default_budget"])
+    facts["engine"] = ("backward segments of %s op(s) where the config names none"
+                       % res["segments"]["compute"])
     write_outputs(rows, outdir, facts)
 
 
@@ -279,11 +314,11 @@ def write_outputs(rows: list, outdir: Path, facts: dict) -> None:
     def pct(v):
         return "" if v is None else "%.0f%%" % (100 * v)
 
-    print("\n%-12s %-8s %8s %7s %14s %13s %14s %8s" % (
+    print("\n%-12s %-22s %8s %7s %14s %13s %14s %8s" % (
         "link", "config", "ms/step", "vs off", "comm after bwd", "comm after fwd",
         "bwd->fwd ms", "CPU/wall"))
     for r in rows:
-        print("%-12s %-8s %8.0f %7s %14s %13s %14s %8.2f" % (
+        print("%-12s %-22s %8.0f %7s %14s %13s %14s %8.2f" % (
             r["link"], r["config"], r["ms_per_step"],
             "" if r["vs_off"] is None else "%.2f" % r["vs_off"],
             pct(r["comm_after_backward"]), pct(r["comm_after_forward"]),
@@ -307,15 +342,16 @@ def plot(rows: list, outdir: Path) -> None:
         xs = [k + i * width for k in range(len(configs))]
         a1.bar(xs, [got[c]["ms_per_step"] if c in got else 0 for c in configs], width,
                label=link)
-        train = [c for c in configs if c not in ("compute", "comm")]
+        train = [c for c in configs if not training_free(c)]
         a2.bar([k + i * width for k in range(len(train))],
                [got[c]["backward_to_forward_ms"] or 0 for c in train], width, label=link)
     a1.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))], configs)
     a1.set_ylabel("ms per step, no wait between steps (lower is better)")
     a1.set_title("step time")
-    train = [c for c in configs if c not in ("compute", "comm")]
+    train = [c for c in configs if not training_free(c)]
     a2.set_xticks([k + 0.4 - width / 2 for k in range(len(train))],
-                  ["budget " + c for c in train])
+                  [c.replace(", ", "\n") if "segments" in c else "budget " + c
+                   for c in train])
     a2.set_ylabel("ms from end of backward to next forward")
     a2.set_title("first layer's weight updated after backward")
     for a in (a1, a2):

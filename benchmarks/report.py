@@ -132,6 +132,8 @@ def measured(meta: dict, what: str = "Measured") -> str:
     for key in ("binding", "transport"):
         if meta.get(key):
             parts.append("%s: %s" % (key, meta[key]))
+    if meta.get("engine"):
+        parts.append("MXNet: %s" % meta["engine"])
     if meta.get("seconds"):
         parts.append("took %s s" % meta["seconds"])
     if meta.get("quick"):
@@ -465,6 +467,17 @@ def sec_overlap(ctx: Ctx) -> str | None:
     return "\n".join(out)
 
 
+def preempt_label(config: str, default: str | None) -> str:
+    """A preempt.csv config as the table names it: "4 MiB, 15-op segments" is
+    "budget 4 MiB (default), 15-op backward segments"."""
+    base, _, segs = config.partition(", ")
+    label = {"compute": "compute only", "comm": "comm only",
+             "off": "pre-emption off"}.get(base, "budget " + base)
+    if base == default:
+        label += " (default)"
+    return label + (", " + segs.replace("segments", "backward segments") if segs else "")
+
+
 def sec_preempt(ctx: Ctx) -> str | None:
     found = [p for p in (ctx.csv("preempt.csv"), ctx.csv("preempt-shm/preempt.csv")) if p]
     if not found:
@@ -484,7 +497,11 @@ def sec_preempt(ctx: Ctx) -> str | None:
            "after the last backward op; *beside next forward*: the share that runs after the "
            "next step's first layer got its updated weight (its forward may run); "
            "*backward to forward*: from the end of backward to that moment. From rank 0's "
-           "timeline (two probe collectives per step mark the moments).", ""]
+           "timeline (two probe collectives per step mark the moments). Where a row names "
+           "backward segments, its model runs its backward pass in MXNet engine segments of "
+           "up to that many ops; the other rows run with the process's default, which in an "
+           "MPI job is mxnet_mpi's one op per segment "
+           "([across-hosts.md](across-hosts.md#backward-segments)).", ""]
     for p in found:
         rows = read_csv(p, spec)
         meta = read_meta(p)
@@ -492,10 +509,7 @@ def sec_preempt(ctx: Ctx) -> str | None:
         body = []
         for r in rows:
             cfg = r["config"]
-            label = {"compute": "compute only", "comm": "comm only",
-                     "off": "pre-emption off"}.get(cfg, "budget " + cfg)
-            if cfg == default:
-                label += " (default)"
+            label = preempt_label(cfg, default)
             body.append([r["link"], label, sig(r["ms_per_step"], 4),
                          "" if r["vs_off"] is None or cfg == "off" else x2(r["vs_off"]),
                          pct(r["comm_after_backward"]), pct(r["comm_after_forward"]),
@@ -526,8 +540,23 @@ def sec_preempt(ctx: Ctx) -> str | None:
                         span([100 * r["comm_after_forward"] for r, _ in on],
                              fmt=lambda x: "%.0f" % x, unit="%"),
                         span([r["vs_off"] for r, _ in on], fmt=x2)), ""]
+        for c in dict.fromkeys(r["config"] for r in rows if ", " in r["config"]):
+            base, _, segs = c.partition(", ")
+            pairs = [(r, next(d for d in rows if d["link"] == r["link"]
+                              and d["config"] == base))
+                     for r in rows if r["config"] == c]
+            ops = sorted({d.get("bwd_segment_ops", "") for _, d in pairs} - {""})
+            name = preempt_label(base, default)
+            out += ["%s with %s instead of %s: %s per step against %s (%s as long)." % (
+                        name[:1].upper() + name[1:],
+                        segs.replace("segments", "backward segments"),
+                        "%s-op ones" % "/".join(ops) if ops else "the process's default",
+                        span([r["ms_per_step"] for r, _ in pairs], unit=" ms"),
+                        span([d["ms_per_step"] for _, d in pairs], unit=" ms"),
+                        span([r["ms_per_step"] / d["ms_per_step"] for r, d in pairs],
+                             fmt=x2)), ""]
         others = [c for c in dict.fromkeys(r["config"] for r in rows)
-                  if c not in ("compute", "comm", "off", default)]
+                  if c not in ("compute", "comm", "off", default) and ", " not in c]
         if others:
             out += ["Other budgets, step time off / this: %s." % "; ".join(
                 "%s %s" % (c, span([r["vs_off"] for r in rows if r["config"] == c], fmt=x2))
@@ -720,6 +749,19 @@ def _cluster_targets(rows: list, mode: str | None, floor: dict | None = None) ->
     vmax = [ours[g] / max(bounds[g][0], bounds[g][1]) for g in groups]
     lines.append("- step at most 1.10x max(compute, comm): %s (%s);"
                  % (verdict([v <= 1.10 for v in vmax]), ", ".join("%.2fx" % v for v in vmax)))
+    alone = [(at("compute only", g) or {}).get("cpu_per_wall") for g in groups]
+    if all(c is not None for c in cpu) and all(a is not None and a >= 0.9 for a in alone):
+        # each host had a core of its own (compute alone used it), which
+        # backprop and the communication's CPU share
+        need = [bounds[g][0] + c * bounds[g][1] for g, c in zip(groups, cpu)]
+        lines.append("  with one core per host, a step needs at least compute + the CPU that "
+                     "comm only takes (its CPU/wall x its time): %s ms, %s max(compute, comm); "
+                     "the step over the largest of the three: %s;" % (
+                         ", ".join(sig(n) for n in need),
+                         ", ".join("%.2fx" % (n / max(bounds[g][:2]))
+                                   for g, n in zip(groups, need)),
+                         ", ".join("%.2fx" % (ours[g] / max(n, *bounds[g][:2]))
+                                   for g, n in zip(groups, need))))
     for other, label in (("dist_sync", "ps-lite dist_sync"),
                          ("dist_sync 1/host", "dist_sync with a server per host")):
         theirs = [step(other, g) for g in groups]

@@ -24,15 +24,17 @@ class Workload:
         loss.backward()
 
 
-def gluoncv_workload(model: str, batch: int, image_size: int, classes: int = 100) -> Workload:
-    """`model` from gluoncv's model zoo, initialised and run once (shapes known)."""
+def gluoncv_workload(model: str, batch: int, image_size: int, classes: int = 100,
+                     **hybridize_flags) -> Workload:
+    """`model` from gluoncv's model zoo, initialised and run once (shapes known);
+    `hybridize_flags` go to CachedOp (e.g. backward_bulk_size)."""
     import mxnet as mx
     from gluoncv.model_zoo import get_model
     from mxnet import gluon
 
     net = get_model(model, classes=classes)
     net.initialize(mx.init.Xavier())
-    net.hybridize(static_alloc=True, static_shape=True)
+    net.hybridize(static_alloc=True, static_shape=True, **hybridize_flags)
     x = mx.nd.random.uniform(shape=(batch, 3, image_size, image_size))
     y = mx.nd.array([i % classes for i in range(batch)])
     net(x).wait_to_read()
