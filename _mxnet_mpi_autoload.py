@@ -64,27 +64,26 @@ def find_spec(name: str, path=None, target=None):
     return spec
 
 
-def mpi_ranks(env=None) -> int:
-    """The size of the MPI job this process was started in (1 if none)."""
+def _first_int(env, names, default: int) -> int:
+    """The first of `names` set in `env` (default: os.environ) to an integer."""
     env = os.environ if env is None else env
-    for name in _WORLD_SIZE_VARS:
+    for name in names:
         try:
             return int(env[name])
         except (KeyError, ValueError):
             continue
-    return 1
+    return default
+
+
+def mpi_ranks(env=None) -> int:
+    """The size of the MPI job this process was started in (1 if none)."""
+    return _first_int(env, _WORLD_SIZE_VARS, 1)
 
 
 def backward_segment_ops(env=None) -> int:
     """The most ops per backward segment that MXNet takes from `env` as it
     loads: its variables in its order of precedence, else its 15."""
-    env = os.environ if env is None else env
-    for name in _SEGMENT_SET_BY:
-        try:
-            return int(env[name])
-        except (KeyError, ValueError):
-            continue
-    return 15
+    return _first_int(env, _SEGMENT_SET_BY, 15)
 
 
 def engine_defaults(env=None) -> dict:
