@@ -23,8 +23,9 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    allreduce moves the gradient bytes once each way over each link).
 3. Per rate, on a gluoncv model (resnet18_v1 with --quick, resnet50_v1b
    otherwise), the rows of benchmarks/overlap.py's worker, run by the cluster's
-   mpirun: compute only; comm only (the default mode's allreduce of the
-   gradients, no compute); no overlap (backward, wait, then allreduce); each
+   mpirun in ``--rounds`` alternating rounds (each figure the median):
+   compute only; comm only (the default mode's allreduce of the gradients, no
+   compute); no overlap (backward, wait, then allreduce); each
    mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); ``mpi fp16``
    (the default mode with fp16 gradient compression: half the bytes on the
    wire, its comm-only time in the note); with Horovod 0.28.1 importable,
@@ -35,7 +36,8 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    yield`` (the same with Open MPI's yield_when_idle, a sensitivity row), each
    with its own compute-only and comm-only times, its CPU while communicating
    and its library threads' CPU during compute (the own_* and
-   lib_cpu_in_compute columns; without Horovod, skipped rows); ps-lite
+   lib_cpu_in_compute columns; without Horovod, skipped rows), the three in
+   ``--rounds`` alternating rounds, medians; ps-lite
    ``dist_sync`` with its server on host N, and with more than 2 hosts (or
    ``--server-per-host``) ``dist_sync 1/host``: one server on each worker's
    host.
@@ -57,6 +59,7 @@ import csv
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -88,6 +91,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--hosts", type=int, default=2, help="hosts with one rank each")
     ap.add_argument("--bind", choices=("cores", "none"), default="cores",
                     help="cores: a cpuset per rank host (default); none: share all cores")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds in which the rows of one process (overlap.py's) and the "
+                         "equal-compute rows run in turn; each figure: the median over them")
     ap.add_argument("--no-linkcheck", action="store_true", help="skip the link check")
     ap.add_argument("--server-per-host", action="store_true",
                     help="also dist_sync with one server per host (always with > 2 hosts)")
@@ -183,12 +189,14 @@ def thread_cpu() -> dict:
 
 # ----------------------------------------------------------------- driver
 def overlap_run(cluster, args: argparse.Namespace, out_json: Path, steps: int,
-                warmup: int) -> dict:
-    """benchmarks/overlap.py's worker on hosts 0..N-1 (one rank each)."""
+                warmup: int, rounds: int = 1) -> dict:
+    """benchmarks/overlap.py's worker on hosts 0..N-1 (one rank each): its
+    configurations in `rounds` alternating rounds."""
     cmd = cluster.mpirun(args.hosts, [sys.executable, str(HERE / "overlap.py"), "--model",
                                       args.model,
                              "--image-size", str(args.image_size), "--batch", str(args.batch),
                              "--steps", str(steps), "--warmup", str(warmup),
+                             "--rounds", str(rounds),
                              "--worker-json", str(out_json), "--fp16"], per_host=1)
     subprocess.run(cmd, check=True, env=job_env(cluster, args.chunk_bytes), cwd=str(ROOT),
                    timeout=600)
@@ -291,6 +299,15 @@ def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: s
     return json.loads(out_json.read_text())
 
 
+def median_run(runs: list) -> dict:
+    """equal_compute_run's results over rounds: the median of every figure."""
+    def med(values):
+        if isinstance(values[0], dict):
+            return {k: med([v[k] for v in values]) for k in values[0]}
+        return statistics.median(values)
+    return med(runs)
+
+
 def choose_rates(grad_bytes: int, compute_s: float, ratios: list, hosts: int = 2) -> list:
     """Link rates (Gbit/s, 2 significant digits) at which a ring allreduce of
     `grad_bytes` over `hosts` ranks takes `ratio` x `compute_s` on the wire."""
@@ -365,7 +382,7 @@ def drive(args: argparse.Namespace) -> None:
                 link_check(rate, grad_bytes)
             loads.append(loadavg())
             res = overlap_run(cluster, args, outdir / ("cluster_%g.json" % rate),
-                              steps=args.steps, warmup=args.warmup)
+                              steps=args.steps, warmup=args.warmup, rounds=args.rounds)
             if not grad_bytes:
                 grad_bytes = res["grad_bytes"]
                 link_check(rate, grad_bytes)
@@ -402,20 +419,27 @@ def drive(args: argparse.Namespace) -> None:
                 for store, _kind, _env in EQUAL_COMPUTE:
                     row(store, None, skipped=True, note="Horovod not installed")
             else:
-                for store, kind, extra in EQUAL_COMPUTE:
-                    eq = equal_compute_run(cluster, args,
-                                           outdir / ("cluster_%s_%g.json" % (kind, rate)), kind,
-                                           extra)
+                # in alternating rounds, so that load changes hit all three alike
+                runs = {store: [] for store, _kind, _env in EQUAL_COMPUTE}
+                for _ in range(args.rounds):
+                    for store, kind, extra in EQUAL_COMPUTE:
+                        runs[store].append(equal_compute_run(
+                            cluster, args, outdir / ("cluster_%s_%g.json" % (kind, rate)),
+                            kind, extra))
+                for store, _kind, extra in EQUAL_COMPUTE:
+                    eq = median_run(runs[store])
                     c = eq["cpu_per_wall"]
                     row(store, eq["step"], cpu_value=c["step"],
                         own={"own_compute_ms": eq["compute"] * 1e3,
                              "own_comm_ms": eq["comm"] * 1e3,
                              "own_comm_cpu_per_wall": c["comm"],
                              "lib_cpu_in_compute": c["compute_lib"]},
-                        note="oneDNN off (equal compute with Horovod)%s; in its own process: "
+                        note="oneDNN off (equal compute with Horovod)%s; medians of %d "
+                        "alternating rounds (steps %s ms); in its own process: "
                         "compute only %.0f ms (the library's threads %.2f of a core meanwhile), "
                         "comm only %.0f ms (CPU/wall %.2f)"
-                        % ("".join(", %s=%s" % kv for kv in extra.items()),
+                        % ("".join(", %s=%s" % kv for kv in extra.items()), len(runs[store]),
+                           "/".join("%.0f" % (r["step"] * 1e3) for r in runs[store]),
                            eq["compute"] * 1e3, c["compute_lib"], eq["comm"] * 1e3, c["comm"]))
             ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
             row("dist_sync", ps["step"], note="server on host %d" % args.hosts)
@@ -425,11 +449,13 @@ def drive(args: argparse.Namespace) -> None:
             print("link %g Gbit/s done (%.0f s so far)" % (rate, time.time() - t_start),
                   flush=True)
     loads.append(loadavg())
-    meta = {"note": "%s; %d hosts x 1 rank; %s; transport %s; MXNet %s; machine %s (%d "
-                    "cores, shared with other work); load average %s"
+    meta = {"note": "%s; %d hosts x 1 rank; %s; transport %s; MXNet %s; %d alternating "
+                    "rounds per process, medians; machine %s (%d cores, shared with other "
+                    "work); load average %s"
                     % (time.strftime("%Y-%m-%d", time.gmtime(t_start)), args.hosts, binding,
-                       transport.describe(), engine, platform.node(), os.cpu_count(),
-                       "-".join(loads)),
+                       transport.describe(), engine, args.rounds, platform.node(),
+                       os.cpu_count(), "-".join(loads)),
+            "rounds": args.rounds,
             "engine": engine + ", every row",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
             "machine": "%s, %d cores" % (platform.node(), os.cpu_count()),

@@ -28,6 +28,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +48,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8, help="per rank")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds in which every configuration runs in turn (each figure: the "
+                         "median over rounds)")
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--outdir", default=str(HERE / "results"))
@@ -84,27 +88,7 @@ def worker(args: argparse.Namespace) -> None:
             out = probe_out.setdefault("o", mx.nd.zeros(g0.shape))
             probe_kv.pushpull("probe", g0, out=out)
 
-    cpu = {}   # config -> this process's CPU time / wall time over its timed steps
-
-    def timed(step_fn, name: str) -> float:
-        for _ in range(args.warmup):
-            step_fn()
-            mx.nd.waitall()
-        stores["chained"].pushpull("barrier", mx.nd.zeros((1,)))
-        mx.nd.waitall()
-        t0, w0, c0 = time.perf_counter(), time.time() * 1e6, time.process_time()
-        for _ in range(args.steps):
-            step_fn()
-        mx.nd.waitall()
-        wall = time.perf_counter() - t0
-        cpu[name] = (time.process_time() - c0) / wall
-        windows[name] = (w0, time.time() * 1e6)
-        return wall / args.steps
-
-    results = {}
     local = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3}, kvstore=None)
-    results["compute"] = timed(lambda: (fwd_bwd(), local.step(args.batch)), "compute")
-
     fwd_bwd()
     mx.nd.waitall()
     grads = [p.grad() for p in params]
@@ -113,31 +97,54 @@ def worker(args: argparse.Namespace) -> None:
         for i in reversed(range(len(grads))):
             kv.pushpull("g%d" % i, grads[i], priority=-i)
 
-    for m in MODES:
-        results["comm_" + m] = timed(lambda kv=stores[m]: allreduce_grads(kv), "comm_" + m)
-
     def baseline():
         fwd_bwd(probe=True)
         mx.nd.waitall()  # backward done before any communication starts
         for i in reversed(range(len(grads))):
             stores["chained"].pushpull("g%d" % i, params[i].grad(), priority=-i)
         local.step(args.batch)
-    results["baseline"] = timed(baseline, "baseline")
 
-    def train(name: str, kv, **trainer_args) -> None:
-        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3},
-                                kvstore=kv, **trainer_args)
-        results[name] = timed(lambda: (fwd_bwd(True), trainer.step(args.batch)), name)
+    def train(kv, **trainer_args):
+        tr = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3}, kvstore=kv,
+                           **trainer_args)
+        return lambda: (fwd_bwd(True), tr.step(args.batch))
 
+    # every configuration, in the order each round times them
+    configs = {"compute": lambda: (fwd_bwd(), local.step(args.batch))}
     for m in MODES:
-        train(m, stores[m])
-
+        configs["comm_" + m] = lambda kv=stores[m]: allreduce_grads(kv)
+    configs["baseline"] = baseline
+    for m in MODES:
+        configs[m] = train(stores[m])
     if args.fp16:
         # the default store with fp16 on the wire: allreduce alone, then training
         kv16 = mx.kv.create("mpi")
         kv16.set_gradient_compression({"type": "fp16"})
-        results["comm_fp16"] = timed(lambda: allreduce_grads(kv16), "comm_fp16")
-        train("fp16", "mpi", compression_params={"type": "fp16"})
+        configs["comm_fp16"] = lambda: allreduce_grads(kv16)
+        configs["fp16"] = train("mpi", compression_params={"type": "fp16"})
+
+    per_step = {name: [] for name in configs}   # each round's mean step time
+    wall_cpu = {name: [0.0, 0.0] for name in configs}
+    for fn in configs.values():                 # warm-up: every store's first steps
+        for _ in range(args.warmup):
+            fn()
+            mx.nd.waitall()
+    for _ in range(args.rounds):
+        for name, fn in configs.items():
+            stores["chained"].pushpull("barrier", mx.nd.zeros((1,)))
+            mx.nd.waitall()
+            t0, w0, c0 = time.perf_counter(), time.time() * 1e6, time.process_time()
+            for _ in range(args.steps):
+                fn()
+            mx.nd.waitall()
+            wall = time.perf_counter() - t0
+            per_step[name].append(wall / args.steps)
+            wall_cpu[name][0] += wall
+            wall_cpu[name][1] += time.process_time() - c0
+            windows.setdefault(name, []).append((w0, time.time() * 1e6))
+    # the median over rounds of each round's step time
+    results = {name: statistics.median(v) for name, v in per_step.items()}
+    cpu = {name: c / w for name, (w, c) in wall_cpu.items()}
 
     # Every rank's CPU/wall per configuration (a sum of one-hot vectors)
     names = list(cpu)
@@ -166,8 +173,8 @@ def comm_during_backprop(trace: str, windows: dict) -> dict:
         events = [dict(e["args"], name=e["name"]) for e in json.load(f)["traceEvents"]
                   if e.get("cat") == "collective"]
     out = {}
-    for config, (w0, w1) in windows.items():
-        evs = [e for e in events if w0 <= e["enqueue_us"] <= w1]
+    for config, spans in windows.items():
+        evs = [e for e in events if any(w0 <= e["enqueue_us"] <= w1 for w0, w1 in spans)]
         probes = sorted((e for e in evs if "key='probe'" in e["name"]),
                         key=lambda e: e["enqueue_us"])
         if not probes:
@@ -197,7 +204,8 @@ def drive(args: argparse.Namespace) -> None:
         cmd = [mpirun, "-np", str(args.np), "--oversubscribe", *TRANSPORTS[transport],
                sys.executable, __file__, "--model", args.model, "--image-size",
                str(args.image_size), "--batch", str(args.batch), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--worker-json", str(out_json)]
+               "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+               "--worker-json", str(out_json)]
         print("running:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, env=env)
         res = json.loads(out_json.read_text())
@@ -217,7 +225,7 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    write_meta(outdir / "overlap.csv")
+    write_meta(outdir / "overlap.csv", rounds=args.rounds)
     print("\n%s, %d ranks, batch %d/rank, %dx%d images, %.1f MB of gradients"
           % (args.model, args.np, args.batch, args.image_size, args.image_size,
              rows[0]["grad_MB"]))

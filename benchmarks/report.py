@@ -138,6 +138,8 @@ def measured(meta: dict, what: str = "Measured") -> str:
         parts.append("took %s s" % meta["seconds"])
     if meta.get("quick"):
         parts.append("`--quick`")
+    if meta.get("rounds", 1) > 1:
+        parts.append("%d alternating rounds" % meta["rounds"])
     if meta.get("code"):
         parts.append("code: %s" % meta["code"])
     if meta.get("command"):
@@ -701,7 +703,10 @@ def _cluster_pair(rows: list, hosts: bool) -> list:
             "step over max(those two); *vs ours* is the step over `mpi oneDNN off`'s; the "
             "last column is the CPU the library's threads (Horovod's background thread, our "
             "store's, MPI's) took during compute only, in cores. `horovod yield` adds "
-            "`OMPI_MCA_mpi_yield_when_idle=1` (not a Horovod default: a sensitivity row).", "",
+            "`OMPI_MCA_mpi_yield_when_idle=1` (not a Horovod default: a sensitivity row). "
+            "The three rows run in alternating rounds, each figure the median over them "
+            "(cluster.csv's note gives the rounds' steps; runs from before 2026-11-26: one "
+            "round).", "",
             table(head, body, set(range(n + 2, len(head)))), ""]
 
 
@@ -830,8 +835,10 @@ def sec_cluster(ctx: Ctx) -> str | None:
            "both directions, so a transfer takes wall time without taking CPU (unlike "
            "loopback). The benchmark calibrates compute on an unshaped link and picks rates "
            "at which communication takes about 0.5x, 1x and 2x compute "
-           "(`BENCH_ARGS=--quick`: resnet18_v1, 2 timed steps; the note says how many were "
-           "run). Rows: no overlap (backward, "
+           "(`BENCH_ARGS=--quick`: resnet18_v1, 2 timed steps per round; the note says how "
+           "many were run). The rows that one process times run in alternating rounds, as do "
+           "Horovod's rows and their partner, each figure the median over the rounds (where "
+           "the note names rounds). Rows: no overlap (backward, "
            "wait, then allreduce); `mpi` (the default mode) and the other modes; `mpi fp16` "
            "(the default mode with `compression_params={'type': 'fp16'}`: half the bytes on "
            "the wire, its comm-only time in its note); where Horovod is installed, "
