@@ -260,24 +260,65 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
   const size_t mine = static_cast<size_t>(counts[me]) * esize;
   // every rank's copy of my block, by rank
   char* parts = s->Get(&s->b, mine * p + 1);
-  int rc = ExchangeSleeping(
-      comm, type, 0, [&](int r) { return std::make_pair(parts + r * mine, counts[me]); },
-      [&](int r) { return std::make_pair(at(r), counts[r]); });
+  // Each block in S pieces (S from n and p alone, so the same on every rank):
+  // piece k's reduce-scatter messages are all posted at once, and piece k is
+  // folded and its allgather posted as soon as piece k has arrived, while the
+  // later pieces are still on the wire.
+  const int64_t block_bytes = n / p * esize;
+  const int S = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(
+      8, block_bytes / (1 << 20))));
+  auto lo = [&](int b, int k) { return static_cast<int64_t>(counts[b]) * k / S; };
+  auto cnt = [&](int b, int k) { return static_cast<int>(lo(b, k + 1) - lo(b, k)); };
+  std::vector<std::vector<MPI_Request>> rs(S);
+  std::vector<MPI_Request> ag;
+  ag.reserve(static_cast<size_t>(2 * p * S));
+  int rc = MPI_SUCCESS;
+  for (int k = 0; k < S && rc == MPI_SUCCESS; ++k) {
+    auto& reqs = rs[k];
+    reqs.reserve(2 * p);
+    for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+      if (r == me) continue;
+      reqs.emplace_back();
+      rc = MPI_Irecv(parts + r * mine + lo(me, k) * esize, cnt(me, k), type, r, 0, comm,
+                     &reqs.back());
+    }
+    for (int j = 1; j < p && rc == MPI_SUCCESS; ++j) {
+      const int r = (me + j) % p;
+      reqs.emplace_back();
+      rc = MPI_Isend(at(r) + lo(r, k) * esize, cnt(r, k), type, r, 0, comm, &reqs.back());
+    }
+  }
   if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
   // acc = x_0, then acc = x_r (op) acc for r = 1..p-1. Rank 0 folds into its
   // own block, which holds x_0; any other rank folds into parts[0] (x_0, as
   // received), reading its own x_me where it is, and copies the result once:
   // one pass over the block at most, on the thread that also feeds the sockets.
   char* acc = me == 0 ? at(me) : parts;
-  for (int r = 1; r < p; ++r) {
-    const char* x = r == me ? at(me) : parts + r * mine;
-    rc = MPI_Reduce_local(x, acc, counts[me], type, op);
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
+  for (int k = 0; k < S; ++k) {
+    rc = WaitAllSleeping(static_cast<int>(rs[k].size()), rs[k].data());
+    if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
+    const int64_t off = lo(me, k) * esize;
+    for (int r = 1; r < p; ++r) {
+      const char* x = (r == me ? at(me) : parts + r * mine) + off;
+      rc = MPI_Reduce_local(x, acc + off, cnt(me, k), type, op);
+      if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
+    }
+    if (me != 0) std::memcpy(at(me) + off, acc + off, static_cast<size_t>(cnt(me, k)) * esize);
+    // piece k of every block out and in; my sends of piece k have completed,
+    // so its receives may overwrite those buffers
+    for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
+      if (r == me) continue;
+      ag.emplace_back();
+      rc = MPI_Irecv(at(r) + lo(r, k) * esize, cnt(r, k), type, r, 1, comm, &ag.back());
+    }
+    for (int j = 1; j < p && rc == MPI_SUCCESS; ++j) {
+      const int r = (me + j) % p;
+      ag.emplace_back();
+      rc = MPI_Isend(at(me) + off, cnt(me, k), type, r, 1, comm, &ag.back());
+    }
+    if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (allgather)", rc, name);
   }
-  if (me != 0) std::memcpy(at(me), acc, mine);
-  rc = ExchangeSleeping(
-      comm, type, 1, [&](int r) { return std::make_pair(at(r), counts[r]); },
-      [&](int) { return std::make_pair(at(me), counts[me]); });
+  rc = WaitAllSleeping(static_cast<int>(ag.size()), ag.data());
   if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (allgather)", rc, name);
   return "";
 }
