@@ -209,29 +209,36 @@ void Blocks(int64_t n, int p, std::vector<int>* counts, std::vector<int>* displs
   }
 }
 
-// One message from and one to every other rank, then a wait that sleeps
-// (WaitAllSleeping): receives first, sends staggered so that not every rank
-// sends to rank 0 first. recv(r) / send(r) give rank r's {buffer, count}.
+// Posts one message from and one to every other rank, appending the requests
+// to *reqs: receives first, sends staggered so that not every rank sends to
+// rank 0 first. recv(r) / send(r) give rank r's {buffer, count}.
 template <typename Recv, typename Send>
-int ExchangeSleeping(MPI_Comm comm, MPI_Datatype type, int tag, Recv recv, Send send) {
+int PostExchange(MPI_Comm comm, MPI_Datatype type, int tag, Recv recv, Send send,
+                 std::vector<MPI_Request>* reqs) {
   int p = 1, me = 0;
   MPI_Comm_size(comm, &p);
   MPI_Comm_rank(comm, &me);
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * p);
   int rc = MPI_SUCCESS;
   for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
     if (r == me) continue;
     const auto [buf, count] = recv(r);
-    reqs.emplace_back();
-    rc = MPI_Irecv(buf, count, type, r, tag, comm, &reqs.back());
+    reqs->emplace_back();
+    rc = MPI_Irecv(buf, count, type, r, tag, comm, &reqs->back());
   }
   for (int k = 1; k < p && rc == MPI_SUCCESS; ++k) {
     const int r = (me + k) % p;
     const auto [buf, count] = send(r);
-    reqs.emplace_back();
-    rc = MPI_Isend(buf, count, type, r, tag, comm, &reqs.back());
+    reqs->emplace_back();
+    rc = MPI_Isend(buf, count, type, r, tag, comm, &reqs->back());
   }
+  return rc;
+}
+
+// One exchange (PostExchange), then a wait that sleeps (WaitAllSleeping).
+template <typename Recv, typename Send>
+int ExchangeSleeping(MPI_Comm comm, MPI_Datatype type, int tag, Recv recv, Send send) {
+  std::vector<MPI_Request> reqs;
+  int rc = PostExchange(comm, type, tag, recv, send, &reqs);
   if (rc == MPI_SUCCESS) rc = WaitAllSleeping(static_cast<int>(reqs.size()), reqs.data());
   return rc;
 }
@@ -271,22 +278,12 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
   auto cnt = [&](int b, int k) { return static_cast<int>(lo(b, k + 1) - lo(b, k)); };
   std::vector<std::vector<MPI_Request>> rs(S);
   std::vector<MPI_Request> ag;
-  ag.reserve(static_cast<size_t>(2 * p * S));
   int rc = MPI_SUCCESS;
   for (int k = 0; k < S && rc == MPI_SUCCESS; ++k) {
-    auto& reqs = rs[k];
-    reqs.reserve(2 * p);
-    for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
-      if (r == me) continue;
-      reqs.emplace_back();
-      rc = MPI_Irecv(parts + r * mine + lo(me, k) * esize, cnt(me, k), type, r, 0, comm,
-                     &reqs.back());
-    }
-    for (int j = 1; j < p && rc == MPI_SUCCESS; ++j) {
-      const int r = (me + j) % p;
-      reqs.emplace_back();
-      rc = MPI_Isend(at(r) + lo(r, k) * esize, cnt(r, k), type, r, 0, comm, &reqs.back());
-    }
+    rc = PostExchange(
+        comm, type, 0,
+        [&](int r) { return std::make_pair(parts + r * mine + lo(me, k) * esize, cnt(me, k)); },
+        [&](int r) { return std::make_pair(at(r) + lo(r, k) * esize, cnt(r, k)); }, &rs[k]);
   }
   if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (reduce-scatter)", rc, name);
   // acc = x_0, then acc = x_r (op) acc for r = 1..p-1. Rank 0 folds into its
@@ -306,16 +303,10 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
     if (me != 0) std::memcpy(at(me) + off, acc + off, static_cast<size_t>(cnt(me, k)) * esize);
     // piece k of every block out and in; my sends of piece k have completed,
     // so its receives may overwrite those buffers
-    for (int r = 0; r < p && rc == MPI_SUCCESS; ++r) {
-      if (r == me) continue;
-      ag.emplace_back();
-      rc = MPI_Irecv(at(r) + lo(r, k) * esize, cnt(r, k), type, r, 1, comm, &ag.back());
-    }
-    for (int j = 1; j < p && rc == MPI_SUCCESS; ++j) {
-      const int r = (me + j) % p;
-      ag.emplace_back();
-      rc = MPI_Isend(at(me) + off, cnt(me, k), type, r, 1, comm, &ag.back());
-    }
+    rc = PostExchange(
+        comm, type, 1,
+        [&](int r) { return std::make_pair(at(r) + lo(r, k) * esize, cnt(r, k)); },
+        [&](int) { return std::make_pair(at(me) + off, cnt(me, k)); }, &ag);
     if (rc != MPI_SUCCESS) return MpiError("point-to-point allreduce (allgather)", rc, name);
   }
   rc = WaitAllSleeping(static_cast<int>(ag.size()), ag.data());
