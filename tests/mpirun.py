@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,6 +17,31 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SITE = Path(__file__).resolve().parent / "site"
 BIN = Path(sys.executable).parent
 MPIRUN = str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun"
+
+
+def remove_stale_session_dirs(base: str | None = None) -> list:
+    """Remove the session directories (/tmp/ompi.PID of mpirun, /tmp/prted.PID
+    of a daemon) that killed jobs left behind: a later mpirun that gets the
+    same pid fails to start ("The PMIx server's listener thread failed to
+    start"). One whose pid runs mpirun or a daemon now is kept. Returns those
+    removed."""
+    base = base or tempfile.gettempdir()
+    removed = []
+    for path in glob.glob(os.path.join(base, "ompi.*")) + glob.glob(os.path.join(base, "prted.*")):
+        pid = path.rsplit(".", 1)[1]
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            with open("/proc/%s/comm" % pid) as f:
+                if f.read().strip() in ("prterun", "prted", "mpirun"):
+                    continue   # a running job's
+        except FileNotFoundError:
+            pass               # no such process: left behind
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def python_path(env: dict) -> str:

@@ -15,7 +15,8 @@ PACKAGE = ROOT / "mxnet_mpi"
 # what is built on the stores (framework patches, hybrid stores, launcher,
 # runner, Horovod API, SyncBatchNorm) and the package itself.
 LAYERS = [
-    {"errors", "settings", "transport", "routes", "report", "launch_watch", "pslite_roles"},
+    {"errors", "settings", "shm_segments", "transport", "routes", "report", "launch_watch",
+     "pslite_roles"},
     {"_native", "timeline", "world"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "device_meeting",
      "server_keys"},

@@ -2,8 +2,9 @@
 per-host cores: pure functions, no MPI."""
 
 import os
+import subprocess
 
-from mxnet_mpi import transport
+from mxnet_mpi import shm_segments, transport
 from mxnet_mpi.testing import netns
 
 
@@ -43,33 +44,63 @@ def test_ofi_btl_left_out_only_without_rdma_and_without_a_btl_list(tmp_path, mon
     assert transport.apply({})["OMPI_MCA_btl"] == "^ofi"
 
 
-def test_segment_goes_to_the_mpirun_session_unless_a_directory_is_chosen(tmp_path, monkeypatch):
+def test_segments_go_to_a_directory_of_the_job_unless_one_is_chosen(tmp_path, monkeypatch):
     """A process started by Open MPI's mpirun keeps its shared-memory segment in
-    its own session directory (job-unique, removed by mpirun), not in /dev/shm
-    where two jobs' names can meet (tests/test_shm_segments.py)."""
+    a directory of its job's own, in /dev/shm where it is writable (else in its
+    session directory), not in /dev/shm itself where two jobs' names can meet
+    (tests/test_shm_segments.py)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
     session = tmp_path / "ompi.123" / "1" / "0"
     session.mkdir(parents=True)
-    own = {"OMPI_FILE_LOCATION": str(session)}
+    env = {"PMIX_SERVER_TMPDIR": "/tmp/ompi.123", "PMIX_NAMESPACE": "prterun-vm-123@1",
+           "OMPI_FILE_LOCATION": str(session)}
+    mine = shm / ("mxnet_mpi-%d" % os.getuid()) / "ompi.123.prterun-vm-123@1"
+    assert shm_segments.job_dir(env, str(shm)) == str(mine)
+    assert shm_segments.job_dir(dict(env, PMIX_SERVER_TMPDIR="/tmp/prted.77"), str(shm)) == \
+        str(mine.parent / "prted.77.prterun-vm-123@1")   # a daemon's host: its own pid
+    assert shm_segments.job_dir(env, str(tmp_path / "none")) == str(session)  # no /dev/shm
+    assert shm_segments.job_dir({}, str(shm)) is None                         # not from mpirun
     proc = transport.process_defaults
-    got = proc(dict(own), files=[])
-    assert list(got) == [transport.SM_DIR_VAR] and got[transport.SM_DIR_VAR][0] == str(session)
-    assert proc({}, files=[]) == {}                                       # not under mpirun
-    assert proc({"OMPI_FILE_LOCATION": str(tmp_path / "gone")}, files=[]) == {}
+    got = proc(dict(env), files=[], shm=str(shm))
+    assert list(got) == [transport.SM_DIR_VAR] and got[transport.SM_DIR_VAR][0] == str(mine)
+    assert proc({}, files=[], shm=str(shm)) == {}
     for name in ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory",
                  "OMPI_MCA_mca_base_param_files"):
-        assert proc(dict(own, **{name: "/x"}), files=[]) == {}, name
+        assert proc(dict(env, **{name: "/x"}), files=[], shm=str(shm)) == {}, name
     conf = tmp_path / "mca.conf"
     conf.write_text("btl_vader_backing_directory = /scratch\n")
-    assert proc(dict(own), files=[str(conf)]) == {}
-    # apply(): this process only, the user's choice wins, the switch turns it off
+    assert proc(dict(env), files=[str(conf)], shm=str(shm)) == {}
+    # apply(): prepares the directory; this process only; the user's choice wins; the switch
     monkeypatch.setattr(transport, "_mca_files", lambda env: [])
-    env = dict(own)
-    assert transport.apply(env)[transport.SM_DIR_VAR] == str(session) == env[transport.SM_DIR_VAR]
-    assert transport.SM_DIR_VAR not in transport.apply(dict(own), host=False)
-    mine = dict(own, OMPI_MCA_btl_sm_backing_directory="/dev/shm")
-    transport.apply(mine)
-    assert mine["OMPI_MCA_btl_sm_backing_directory"] == "/dev/shm"
-    assert transport.apply(dict(own, MXNET_MPI_TRANSPORT_DEFAULTS="0")) == {}
+    monkeypatch.setattr(transport, "process_defaults",
+                        lambda env, files=None: proc(env, files, str(shm)))
+    applied = dict(env)
+    assert transport.apply(applied)[transport.SM_DIR_VAR] == str(mine) == \
+        applied[transport.SM_DIR_VAR] and mine.is_dir()
+    assert transport.SM_DIR_VAR not in transport.apply(dict(env), host=False)
+    chosen = dict(env, OMPI_MCA_btl_sm_backing_directory="/dev/shm")
+    transport.apply(chosen)
+    assert chosen["OMPI_MCA_btl_sm_backing_directory"] == "/dev/shm"
+    assert transport.apply(dict(env, MXNET_MPI_TRANSPORT_DEFAULTS="0")) == {}
+
+
+def test_stale_job_directories_are_removed_and_running_ones_kept(tmp_path, monkeypatch):
+    root = tmp_path / ("mxnet_mpi-%d" % os.getuid())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = {"ended": "ompi.%d.prterun-vm-%d@1" % (dead.pid, dead.pid),
+             "reused": "prted.%d.prterun-h0-9@1" % os.getpid(),   # a pid that is no daemon now
+             "running": "ompi.4242.prterun-vm-4242@1", "other": "notes"}
+    for name in names.values():
+        (root / name).mkdir(parents=True)
+        (root / name / "sm_segment.vm.0.1.0").write_text("")
+    real = shm_segments.server_runs
+    monkeypatch.setattr(shm_segments, "server_runs", lambda pid: pid == 4242 or real(pid))
+    removed = shm_segments.remove_stale(str(tmp_path))
+    assert sorted(removed) == sorted(str(root / names[k]) for k in ("ended", "reused"))
+    assert sorted(p.name for p in root.iterdir()) == sorted([names["running"], "notes"])
+    assert not real(os.getpid()) and not real(dead.pid)
 
 
 def test_import_applied_them_here():
