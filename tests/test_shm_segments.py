@@ -36,11 +36,12 @@ def _hash(text: str) -> int:
     return (h + (h << 15)) & 0xFFFFFFFF
 
 
-def job_id(node: str, mpirun_pid: int) -> int:
-    """Open MPI 5's id of the first job of `mpirun` (namespace
-    prterun-NODE-PID@1): the 16-bit fold of the hash, then job 1."""
-    h = _hash("prterun-%s-%d" % (node, mpirun_pid))
-    return (((h >> 16) ^ (h & 0xFFFF)) << 16) | 1
+def job_id(namespace: str) -> int:
+    """Open MPI 5's id of a job from its namespace (prterun-HOST-PID@N): the
+    16-bit fold of the hash of what precedes '@', then N."""
+    name, _, local = namespace.rpartition("@")
+    h = _hash(name)
+    return (((h >> 16) ^ (h & 0xFFFF)) << 16) | int(local)
 
 
 def start(stop_file: Path, gate: bool) -> subprocess.Popen:
@@ -55,11 +56,14 @@ def start(stop_file: Path, gate: bool) -> subprocess.Popen:
                             cwd=str(ROOT), start_new_session=True)
 
 
-def segments(proc: subprocess.Popen) -> list:
-    """The segments rank 0 printed (its own and its peer's), in local-rank order."""
+def segments(proc: subprocess.Popen) -> tuple:
+    """The segments rank 0 printed (its own and its peer's, in local-rank
+    order) and its job's name."""
     for line in proc.stdout:
         if line.startswith("rank 0 segments "):
-            return sorted(line.split()[3:], key=lambda p: int(SEGMENT.search(p).group(4)))
+            words = line.split()
+            paths = sorted(words[3:-2], key=lambda p: int(SEGMENT.search(p).group(4)))
+            return paths, words[-1]
     raise AssertionError("job ended before its first allreduce:\n" + proc.stderr.read()[-4000:])
 
 
@@ -69,13 +73,13 @@ def test_two_jobs_whose_segment_names_meet_stay_apart_and_exact(tmp_path):
     b = start(stop, gate=True)
     links = []
     try:
-        seg_a = segments(a)
+        seg_a, job_a = segments(a)
         node, uid, jid, _ = SEGMENT.search(seg_a[0]).groups()
-        # the names really are Open MPI's: job A's from its mpirun's pid
-        assert int(jid, 16) == job_id(node, a.pid), (seg_a, a.pid)
+        # the names really are Open MPI's: job A's from its name, which holds its mpirun's pid
+        assert job_a.endswith("-%d@1" % a.pid) and int(jid, 16) == job_id(job_a), (seg_a, job_a)
         assert os.path.dirname(seg_a[0]) != "/dev/shm", seg_a   # the default moved them
         # job B's names in /dev/shm, Open MPI's default place, lead to job A's segments
-        jid_b = job_id(node, b.pid)
+        jid_b = job_id(job_a.replace("-%d@" % a.pid, "-%d@" % b.pid))
         for local_rank, target in enumerate(seg_a):
             link = Path("/dev/shm/sm_segment.%s.%s.%x.%d" % (node, uid, jid_b, local_rank))
             if link.is_symlink() or link.exists():
@@ -84,7 +88,7 @@ def test_two_jobs_whose_segment_names_meet_stay_apart_and_exact(tmp_path):
             links.append(link)
         b.stdin.write("go\n")
         b.stdin.flush()
-        seg_b = segments(b)   # what /proc/self/maps shows: the files, links followed
+        seg_b, _ = segments(b)   # what /proc/self/maps shows: the files, links followed
         assert not set(seg_b) & set(seg_a), "job B mapped job A's segments %s" % seg_a
         assert int(SEGMENT.search(seg_b[0]).group(3), 16) == jid_b, seg_b   # as predicted
         # job B's start cleaned up stale job directories, not job A's

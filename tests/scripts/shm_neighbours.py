@@ -2,8 +2,9 @@
 
   mpirun -np 2 python shm_neighbours.py STOP_FILE
 
-Prints "rank R segments PATHS" (the shared-memory segments this process has
-mapped: its own and its peers', from /proc/self/maps) after its first
+Prints "rank R segments PATHS job NAME" (the shared-memory segments this
+process has mapped: its own and its peers', from /proc/self/maps; the job's
+name, PMIX_NAMESPACE) after its first
 allreduce, then allreduces every 20 ms, checking each sum exactly, until a
 rank sees STOP_FILE (the ranks agree on it through the sum; at most 60 s),
 and prints "rank R exact N".
@@ -41,7 +42,8 @@ allreduce(0)
 with open("/proc/self/maps") as f:   # a file unlinked since is "PATH (deleted)"
     mapped = sorted({line.split(None, 5)[5].strip().removesuffix(" (deleted)")
                      for line in f if "/sm_segment." in line})
-print("rank %d segments %s" % (rank, " ".join(mapped)), flush=True)
+print("rank %d segments %s job %s" % (rank, " ".join(mapped), os.environ["PMIX_NAMESPACE"]),
+      flush=True)
 steps, end = 1, time.time() + 60
 while not allreduce(steps, os.path.exists(stop_file) or time.time() > end):
     steps += 1
