@@ -13,7 +13,7 @@ job ends; a directory whose daemon no longer runs is removed by the next
 process that prepares one. Without a writable ``/dev/shm``, the process's
 mpirun session directory (removed with the job) is used.
 
-Only ``os`` and ``re``: transport imports it before anything else runs.
+The standard library only: transport imports it before anything else runs.
 """
 
 from __future__ import annotations
