@@ -6,12 +6,23 @@ hash of the job's name. Two jobs on one machine whose hashes meet (1 in 65,536
 pairs) open the same files and take each other's messages: a crash in the
 shared-memory transport, or wrong numbers. A process started by Open MPI's
 mpirun therefore gets a directory of its job's own in ``/dev/shm`` (memory,
-like Open MPI's default): ``/dev/shm/mxnet_mpi-<uid>/<daemon>.<job name>``,
-where ``<daemon>`` is the session directory of this host's mpirun or daemon
-(``ompi.<pid>`` or ``prted.<pid>``). Open MPI removes the segments when the
-job ends; a directory whose daemon no longer runs is removed by the next
-process that prepares one. Without a writable ``/dev/shm``, the process's
-mpirun session directory (removed with the job) is used.
+like Open MPI's default): ``/dev/shm/mxnet_mpi-<uid>-<pid ns>/<daemon>.<job
+name>``, where ``<daemon>`` is the session directory of this host's mpirun or
+daemon (``ompi.<pid>`` or ``prted.<pid>``). Open MPI removes the segments
+when the job ends; a directory whose daemon no longer runs is removed by the
+next process that prepares one. A pid names a process only in its pid
+namespace, so each namespace (``<pid ns>``, the inode of /proc/self/ns/pid)
+has a directory of its own and cleans only that one: containers that share
+/dev/shm (``docker run --ipc=host``) never remove each other's running jobs'
+segments. Without a writable ``/dev/shm``, the process's mpirun session
+directory (removed with the job) is used.
+
+A process that starts MPI without mpirun (a singleton, a world of one) has no
+daemon that removes its segment when it ends: Open MPI leaves a file in
+``/dev/shm`` at every such run. It gets ``single.<pid>.<start time>`` in the
+same root, removed when the process exits, or by the next process that
+prepares a directory once that process no longer runs (the start time tells a
+reused pid).
 
 The standard library only: transport imports it before anything else runs.
 """
@@ -30,12 +41,23 @@ JOB_VAR = "PMIX_NAMESPACE"              # prterun-<host>-<mpirun pid>@<job>
 SESSION_DIR_VAR = "OMPI_FILE_LOCATION"  # this process's session directory
 SERVER = re.compile(r"(?:ompi|prted)\.(\d+)$")
 JOB_DIR = re.compile(r"(?:ompi|prted)\.(\d+)\.")  # a per-job directory's name: <daemon>.<job>
+SINGLE_DIR = re.compile(r"single\.(\d+)\.(\d+)$")  # a singleton's: single.<pid>.<start time>
 SERVERS = ("prterun", "prted", "prte", "mpirun")
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace (the inode of /proc/self/ns/pid), or ""
+    where it cannot be read."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
 def root(shm: str = SHM) -> str:
-    """This user's directory of per-job directories."""
-    return os.path.join(shm, "mxnet_mpi-%d" % os.getuid())
+    """This user's directory of per-job directories, in this pid namespace."""
+    ns = pid_namespace()
+    return os.path.join(shm, "mxnet_mpi-%d%s" % (os.getuid(), "-" + ns if ns else ""))
 
 
 def job_dir(env: Mapping, shm: str = SHM) -> str | None:
@@ -50,6 +72,25 @@ def job_dir(env: Mapping, shm: str = SHM) -> str | None:
     return session if session and os.path.isdir(session) else None
 
 
+def single_dir(pid: int | None = None, shm: str = SHM) -> str | None:
+    """The segment directory of singleton process `pid` (default: this one), in
+    `shm` where it is a writable directory, else None."""
+    pid = os.getpid() if pid is None else pid
+    start = start_time(pid)
+    if start is None or not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        return None
+    return os.path.join(root(shm), "single.%d.%s" % (pid, start))
+
+
+def start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot), or None if it does not run."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def server_runs(pid: int) -> bool:
     """Whether process `pid` runs and is an mpirun or a daemon of one."""
     try:
@@ -61,15 +102,20 @@ def server_runs(pid: int) -> bool:
 
 def remove_stale(shm: str = SHM) -> list:
     """Remove the per-job directories whose daemon no longer runs (a job ended,
-    or was killed); returns them."""
+    or was killed) and the singletons' whose process no longer runs; returns
+    them."""
     removed = []
     try:
         names = os.listdir(root(shm))
     except OSError:
         return removed
     for name in names:
-        m = JOB_DIR.match(name)
-        if m is None or server_runs(int(m.group(1))):
+        job, single = JOB_DIR.match(name), SINGLE_DIR.match(name)
+        if job is not None and server_runs(int(job.group(1))):
+            continue
+        if single is not None and start_time(int(single.group(1))) == single.group(2):
+            continue
+        if job is None and single is None:
             continue
         path = os.path.join(root(shm), name)
         shutil.rmtree(path, ignore_errors=True)
@@ -78,8 +124,8 @@ def remove_stale(shm: str = SHM) -> list:
 
 
 def prepare(path: str, shm: str = SHM) -> bool:
-    """Create `path` (a job_dir in `shm`, or a session directory), first
-    removing stale per-job directories; whether it is ready."""
+    """Create `path` (a job_dir or single_dir in `shm`, or a session directory),
+    first removing stale ones; whether it is ready."""
     if os.path.dirname(path) == root(shm):
         remove_stale(shm)
     try:

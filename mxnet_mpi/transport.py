@@ -20,6 +20,11 @@ them in each process and the launcher does not set them for the others:
   shm_segments.py): in Open MPI's default, ``/dev/shm`` itself, two jobs on
   one machine can get the same segment names and take each other's messages.
 
+A process that starts MPI without ``mpirun`` (a singleton) gets a segment
+directory of its own too, but only while MPI starts (``singleton_segments``,
+used by world.init): set at import, the variable would pass to every process
+it starts, such as an ``mpirun`` job whose ranks would then share it.
+
 It imports only the settings table and shm_segments (it must run before the rest).
 """
 
@@ -27,8 +32,10 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sys
-from typing import MutableMapping, Sequence
+from contextlib import contextmanager
+from typing import Iterator, MutableMapping, Sequence
 
 from . import settings, shm_segments
 
@@ -107,6 +114,37 @@ def process_defaults(env: MutableMapping | None = None, files: Sequence[str] | N
     if path is None or _user_chose(env, SM_DIR_NAMES, files):
         return {}
     return {SM_DIR_VAR: (path, "segments of one job only: /dev/shm's names can meet")}
+
+
+@contextmanager
+def singleton_segments(env: MutableMapping | None = None, files: Sequence[str] | None = None,
+                       shm: str = shm_segments.SHM) -> Iterator[str | None]:
+    """Around MPI's start in a process that no launcher started: its
+    shared-memory segment goes to a directory of its own (shm_segments.
+    single_dir), which Open MPI would otherwise leave in /dev/shm when the
+    process ends. Yields the directory (to remove at exit) or None where the
+    default does not apply; the variable is gone again afterwards, so
+    processes started later do not inherit it."""
+    env = os.environ if env is None else env
+    path = None
+    if (enabled(env) and shm_segments.JOB_VAR not in env
+            and not _user_chose(env, SM_DIR_NAMES, files)):
+        path = shm_segments.single_dir(shm=shm)
+        if path is not None and not shm_segments.prepare(path, shm):
+            path = None
+    if path is not None:
+        env[SM_DIR_VAR] = path
+    try:
+        yield path
+    finally:
+        if path is not None:
+            env.pop(SM_DIR_VAR, None)
+
+
+def remove_singleton_segments(path: str | None) -> None:
+    """Remove a directory that singleton_segments made (at exit)."""
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def enabled(env: MutableMapping | None = None) -> bool:

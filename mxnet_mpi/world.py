@@ -26,7 +26,7 @@ from typing import Callable
 
 import mxnet as mx
 
-from . import settings, timeline
+from . import settings, timeline, transport
 from ._native import LIB, check, last_error
 from .errors import MPIKVStoreError
 
@@ -70,6 +70,7 @@ class _State:
     forked: bool = False
     exit_code: object = None
     finalized: bool = False
+    segment_dir: str | None = None   # a singleton's shared-memory directory
 
 
 _state = _State()
@@ -105,8 +106,9 @@ def init() -> Communicator:
         if timeline.requested():
             timeline.start()
         out = [ctypes.c_int() for _ in range(5)]
-        rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[store0[k] for k in settings.STORE_OPTIONS],
-                            *[ctypes.byref(o) for o in out])
+        with transport.singleton_segments() as _state.segment_dir:
+            rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[store0[k] for k in settings.STORE_OPTIONS],
+                                *[ctypes.byref(o) for o in out])
         if rc != 0:
             raise MPIKVStoreError(last_error())
         provided, rank, size, local_rank, local_size = (o.value for o in out)
@@ -186,6 +188,8 @@ def _at_exit() -> None:
     # the exit status: a non-zero one aborts the job instead of waiting. (If
     # mpi4py started MPI, it finalises it; the library lets go of it now.)
     LIB.mxmpi_python_exit()
+    # unlinked while still mapped: the mapping lasts until MPI lets go of it
+    transport.remove_singleton_segments(_state.segment_dir)
 
 
 def finalize() -> None:
@@ -197,6 +201,7 @@ def finalize() -> None:
         _finish()
         LIB.mxmpi_finalize()
         _state.finalized = True
+        transport.remove_singleton_segments(_state.segment_dir)
 
 
 def _split(parent: int, color: int, key: int) -> Communicator | None:

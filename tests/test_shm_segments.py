@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
 
 SEGMENT = re.compile(r"/sm_segment\.([^/]+)\.(\d+)\.([0-9a-f]+)\.(\d+)$")
@@ -107,3 +108,45 @@ def test_two_jobs_whose_segment_names_meet_stay_apart_and_exact(tmp_path):
         assert p.returncode == 0, err[-4000:]
         steps = [int(n) for n in re.findall(r"rank \d exact (\d+)", out)]
         assert len(steps) == 2 and min(steps) >= 5, out
+
+
+def singleton(*args: str) -> tuple:
+    """Start tests/scripts/singleton_segments.py; (process, its DIR/FILES/CHILD lines)."""
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "singleton_segments.py"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env(), cwd=str(ROOT), start_new_session=True)
+    got = {}
+    for line in proc.stdout:
+        key, _, value = line.rstrip("\n").partition(" ")
+        got[key] = value
+        if key == "CHILD":
+            break
+    return proc, got
+
+
+def test_a_world_of_one_keeps_its_segment_in_a_directory_it_removes():
+    """Without mpirun, Open MPI leaves each process's segment file in /dev/shm
+    when it ends (no daemon removes it). A world of one keeps it in a directory
+    of its own, removed at exit, or by the next process if it was killed; the
+    processes it starts do not inherit the setting (they may be mpirun jobs)."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    killed, first = singleton("wait")
+    try:
+        assert first.get("CHILD") == "None", (first, killed.stderr.read())
+        left = Path(first["DIR"])
+        assert left.parent.parent == Path("/dev/shm") and left.name.startswith("single.")
+        segment = first["FILES"]
+        assert (left / segment).exists()
+        assert not (left.parent.parent / segment).exists()
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert left.is_dir()                                   # nobody removed it at exit
+    proc, second = singleton()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and second.get("CHILD") == "None", err[-3000:]
+    assert not left.exists()                               # the next process did
+    mine = Path(second["DIR"])
+    assert mine != left and mine.parent == left.parent and not mine.exists()   # removed at exit
+    assert not (mine.parent.parent / second["FILES"]).exists()

@@ -2,7 +2,12 @@
 per-host cores: pure functions, no MPI."""
 
 import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from mxnet_mpi import shm_segments, transport
 from mxnet_mpi.testing import netns
@@ -55,7 +60,8 @@ def test_segments_go_to_a_directory_of_the_job_unless_one_is_chosen(tmp_path, mo
     session.mkdir(parents=True)
     env = {"PMIX_SERVER_TMPDIR": "/tmp/ompi.123", "PMIX_NAMESPACE": "prterun-vm-123@1",
            "OMPI_FILE_LOCATION": str(session)}
-    mine = shm / ("mxnet_mpi-%d" % os.getuid()) / "ompi.123.prterun-vm-123@1"
+    mine = shm / ("mxnet_mpi-%d-%s" % (os.getuid(), shm_segments.pid_namespace())) / \
+        "ompi.123.prterun-vm-123@1"
     assert shm_segments.job_dir(env, str(shm)) == str(mine)
     assert shm_segments.job_dir(dict(env, PMIX_SERVER_TMPDIR="/tmp/prted.77"), str(shm)) == \
         str(mine.parent / "prted.77.prterun-vm-123@1")   # a daemon's host: its own pid
@@ -86,21 +92,89 @@ def test_segments_go_to_a_directory_of_the_job_unless_one_is_chosen(tmp_path, mo
 
 
 def test_stale_job_directories_are_removed_and_running_ones_kept(tmp_path, monkeypatch):
-    root = tmp_path / ("mxnet_mpi-%d" % os.getuid())
+    root = tmp_path / os.path.basename(shm_segments.root(str(tmp_path)))
     dead = subprocess.Popen(["true"])
     dead.wait()
     names = {"ended": "ompi.%d.prterun-vm-%d@1" % (dead.pid, dead.pid),
              "reused": "prted.%d.prterun-h0-9@1" % os.getpid(),   # a pid that is no daemon now
-             "running": "ompi.4242.prterun-vm-4242@1", "other": "notes"}
+             "running": "ompi.4242.prterun-vm-4242@1", "other": "notes",
+             # singletons: this process (kept), a reused pid, one that ended
+             "alive": "single.%d.%s" % (os.getpid(), shm_segments.start_time(os.getpid())),
+             "single reused": "single.%d.1" % os.getpid(),
+             "single ended": "single.%d.5" % dead.pid}
     for name in names.values():
         (root / name).mkdir(parents=True)
         (root / name / "sm_segment.vm.0.1.0").write_text("")
     real = shm_segments.server_runs
     monkeypatch.setattr(shm_segments, "server_runs", lambda pid: pid == 4242 or real(pid))
     removed = shm_segments.remove_stale(str(tmp_path))
-    assert sorted(removed) == sorted(str(root / names[k]) for k in ("ended", "reused"))
-    assert sorted(p.name for p in root.iterdir()) == sorted([names["running"], "notes"])
+    assert sorted(removed) == sorted(str(root / names[k]) for k in (
+        "ended", "reused", "single reused", "single ended"))
+    assert sorted(p.name for p in root.iterdir()) == sorted([names["running"], "notes",
+                                                            names["alive"]])
     assert not real(os.getpid()) and not real(dead.pid)
+
+
+def test_a_singleton_gets_a_directory_only_while_mpi_starts(tmp_path):
+    """Without mpirun (no PMIx namespace), the segment directory is set only
+    around MPI's start, so processes started later do not inherit it."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    env: dict = {}
+    with transport.singleton_segments(env, files=[], shm=str(shm)) as path:
+        assert path == shm_segments.single_dir(shm=str(shm)) == env[transport.SM_DIR_VAR]
+        assert os.path.isdir(path) and os.path.basename(path).startswith(
+            "single.%d." % os.getpid())
+    assert env == {}
+    transport.remove_singleton_segments(path)
+    assert not os.path.exists(path)
+    for other in ({"PMIX_NAMESPACE": "prterun-vm-1@1"},           # mpirun's: job_dir
+                  {"OMPI_MCA_btl_sm_backing_directory": "/x"},    # the user's choice
+                  {"MXNET_MPI_TRANSPORT_DEFAULTS": "0"}):
+        env = dict(other)
+        with transport.singleton_segments(env, files=[], shm=str(shm)) as path:
+            assert path is None and env == other
+    with transport.singleton_segments({}, files=[], shm=str(tmp_path / "none")) as path:
+        assert path is None                                        # no writable /dev/shm
+
+
+SEGMENTS_IN_NEW_NAMESPACE = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("shm_segments", sys.argv[1])
+seg = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(seg)
+shm, dead = sys.argv[2], sys.argv[3]
+print("REMOVED", seg.remove_stale(shm))
+theirs = os.path.join(seg.root(shm), "ompi.%s.prterun-c2-%s@1" % (dead, dead))
+os.makedirs(theirs)
+print("ROOT", seg.root(shm))
+"""
+
+
+def test_each_pid_namespace_removes_only_its_own_stale_directories(tmp_path):
+    """A pid names a process only in its pid namespace: processes in another
+    one (a container sharing /dev/shm, `docker run --ipc=host`) get a
+    directory root of their own, and neither side removes the other's."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ours = tmp_path / os.path.basename(shm_segments.root(str(tmp_path))) / (
+        "ompi.%d.prterun-c1-%d@1" % (dead.pid, dead.pid))
+    ours.mkdir(parents=True)
+    proc = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c",
+                           SEGMENTS_IN_NEW_NAMESPACE, shm_segments.__file__, str(tmp_path),
+                           str(dead.pid)], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 and "unshare" in proc.stderr:
+        pytest.skip("no new pid namespace here: " + proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    got = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines())
+    assert got["REMOVED"] == "[]" and ours.is_dir()          # ours left alone there
+    theirs_root = Path(got["ROOT"])
+    assert theirs_root.parent == tmp_path and theirs_root != ours.parent
+    theirs = next(theirs_root.iterdir())
+    assert shm_segments.remove_stale(str(tmp_path)) == [str(ours)]   # theirs left alone here
+    assert theirs.is_dir() and not ours.exists()
 
 
 def test_import_applied_them_here():
