@@ -28,8 +28,8 @@ def remove_stale_session_dirs(base: str | None = None) -> list:
     base = base or tempfile.gettempdir()
     removed = []
     for path in glob.glob(os.path.join(base, "ompi.*")) + glob.glob(os.path.join(base, "prted.*")):
-        pid = path.rsplit(".", 1)[1]
-        try:
+        pid = os.path.basename(path).split(".", 1)[1]
+        try:   # not ompi.<host>.<uid>: a world of one's, named by no pid
             if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
                 continue
             with open("/proc/%s/comm" % pid) as f:
