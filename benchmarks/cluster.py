@@ -25,7 +25,7 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    otherwise), the rows of benchmarks/overlap.py's worker, run by the cluster's
    mpirun in ``--rounds`` alternating rounds (each figure the median):
    compute only; comm only (the default mode's allreduce of the gradients, no
-   compute); no overlap (backward, wait, then allreduce); each
+   compute); no overlap (backward, wait, then the default mode's allreduce); each
    mode (``mpi`` = the default mode, ``mpi_<mode>`` the others); ``mpi fp16``
    (the default mode with fp16 gradient compression: half the bytes on the
    wire, its comm-only time in the note); with Horovod 0.28.1 importable,
@@ -407,7 +407,8 @@ def drive(args: argparse.Namespace) -> None:
                 % (fmt_cpu(res, "compute"), binding, loads[-1]))
             row("comm only", comm, cpu="comm_" + default,
                 note="default mode (%s); %.2fx the wire time" % (default, comm * 1e3 / wire))
-            row("no overlap", t["baseline"], cpu="baseline")
+            row("no overlap", t["baseline"], cpu="baseline",
+                note="backward, then the default mode's (%s) allreduce" % default)
             row("mpi", t[default], cpu=default)
             for m in MODES:
                 if m != default:
