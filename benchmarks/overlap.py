@@ -229,7 +229,11 @@ def write_outputs(rows: list, outdir: Path, args: argparse.Namespace) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    write_meta(outdir / "overlap.csv", rounds=args.rounds)
+    write_meta(outdir / "overlap.csv", rounds=args.rounds,
+               model="%s (gluoncv), %d ranks, batch %d per rank, %dx%d images; per "
+               "configuration the median over %d round(s) of %d timed steps"
+               % (args.model, args.np, args.batch, args.image_size, args.image_size,
+                  args.rounds, args.steps))
     print("\n%s, %d ranks, batch %d/rank, %dx%d images, %.1f MB of gradients"
           % (args.model, args.np, args.batch, args.image_size, args.image_size,
              rows[0]["grad_MB"]))

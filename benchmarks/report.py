@@ -437,8 +437,9 @@ def sec_overlap(ctx: Ctx) -> str | None:
             during = ("" if r["comm_during_backprop"] is None
                       else "%.0f%%" % (100 * r["comm_during_backprop"]))
             ranges = other.get(tr, {}).get(cfg, "")
-            body.append([tr, "baseline (backward, then allreduce)" if cfg == "baseline"
-                         else ctx.mode_label(cfg), ms, frac, during, ranges])
+            label = ("baseline (backward, then the default mode's allreduce)"
+                     if cfg == "baseline" else ctx.mode_label(cfg))
+            body.append([tr, label, ms, frac, during, ranges])
     head = ["transport", "config", "ms/step", "overlap fraction", "comm during backprop"]
     if other:
         head.append(other.get("label", "other runs"))
