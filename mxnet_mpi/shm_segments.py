@@ -42,7 +42,9 @@ SESSION_DIR_VAR = "OMPI_FILE_LOCATION"  # this process's session directory
 SERVER = re.compile(r"(?:ompi|prted)\.(\d+)$")
 JOB_DIR = re.compile(r"(?:ompi|prted)\.(\d+)\.")  # a per-job directory's name: <daemon>.<job>
 SINGLE_DIR = re.compile(r"single\.(\d+)\.(\d+)$")  # a singleton's: single.<pid>.<start time>
-SERVERS = ("prterun", "prted", "prte", "mpirun")
+# an mpirun or daemon, as /proc/<pid>/comm names it (Open MPI's mpirun, mpiexec
+# and oshrun exec prterun; a launcher that is a link to it keeps the link's name)
+SERVERS = ("prterun", "prted", "prte", "mpirun", "mpiexec", "oshrun")
 
 
 def pid_namespace() -> str:
