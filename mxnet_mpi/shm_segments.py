@@ -113,11 +113,13 @@ def remove_stale(shm: str = SHM) -> list:
         return removed
     for name in names:
         job, single = JOB_DIR.match(name), SINGLE_DIR.match(name)
-        if job is not None and server_runs(int(job.group(1))):
-            continue
-        if single is not None and start_time(int(single.group(1))) == single.group(2):
-            continue
-        if job is None and single is None:
+        if job is not None:
+            alive = server_runs(int(job.group(1)))
+        elif single is not None:
+            alive = start_time(int(single.group(1))) == single.group(2)
+        else:
+            continue   # not ours
+        if alive:
             continue
         path = os.path.join(root(shm), name)
         shutil.rmtree(path, ignore_errors=True)

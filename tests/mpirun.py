@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import signal
@@ -19,6 +20,19 @@ BIN = Path(sys.executable).parent
 MPIRUN = str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun"
 
 
+def _load_shm_segments():
+    """mxnet_mpi/shm_segments.py by its path: the package itself would load
+    MXNet into the pytest controller."""
+    spec = importlib.util.spec_from_file_location(
+        "_suite_shm_segments", ROOT / "mxnet_mpi" / "shm_segments.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shm_segments = _load_shm_segments()
+
+
 def remove_stale_session_dirs(base: str | None = None) -> list:
     """Remove the session directories (/tmp/ompi.PID of mpirun, /tmp/prted.PID
     of a daemon) that killed jobs left behind: a later mpirun that gets the
@@ -32,13 +46,10 @@ def remove_stale_session_dirs(base: str | None = None) -> list:
         try:   # not ompi.<host>.<uid>: a world of one's, named by no pid
             if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
                 continue
-            with open("/proc/%s/comm" % pid) as f:
-                if f.read().strip() in ("prterun", "prted", "mpirun"):
-                    continue   # a running job's
-        except FileNotFoundError:
-            pass               # no such process: left behind
         except OSError:
             continue
+        if shm_segments.server_runs(int(pid)):
+            continue   # a running job's
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
