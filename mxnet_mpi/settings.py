@@ -125,7 +125,8 @@ TABLE: tuple = (
             "0: `import mxnet_mpi` and the launcher do not set Open MPI's transport variables "
             "(`OMPI_MCA_btl_tcp_links=4`; `OMPI_MCA_btl=^ofi` on a host without an RDMA "
             "device; in a process started by Open MPI's `mpirun`, "
-            "`OMPI_MCA_btl_sm_backing_directory` = a directory of its job's own; a value you "
+            "`OMPI_MCA_btl_sm_backing_directory` = a directory of its job's own, and in one "
+            "outside `mpirun` a directory of its own while MPI starts; a value you "
             "set always wins; "
             "[across-hosts.md](across-hosts.md#transport-settings))"),
     Setting("MXNET_MPI_NETNS_PREFIX", "str", "mxmpi-",

@@ -62,26 +62,29 @@ def root(shm: str = SHM) -> str:
     return os.path.join(shm, "mxnet_mpi-%d%s" % (os.getuid(), "-" + ns if ns else ""))
 
 
+def _writable(shm: str) -> bool:
+    return os.path.isdir(shm) and os.access(shm, os.W_OK)
+
+
 def job_dir(env: Mapping, shm: str = SHM) -> str | None:
     """The segment directory for a process started by mpirun with `env`:
     its job's own in `shm` where `shm` is a writable directory, else its
     session directory; None when mpirun did not start it."""
     server = os.path.basename(env.get(SERVER_DIR_VAR, "").rstrip("/"))
     job = env.get(JOB_VAR, "")
-    if SERVER.match(server) and job and os.path.isdir(shm) and os.access(shm, os.W_OK):
+    if SERVER.match(server) and job and _writable(shm):
         return os.path.join(root(shm), "%s.%s" % (server, re.sub(r"[^\w@.+-]", "_", job)))
     session = env.get(SESSION_DIR_VAR, "")
     return session if session and os.path.isdir(session) else None
 
 
-def single_dir(pid: int | None = None, shm: str = SHM) -> str | None:
-    """The segment directory of singleton process `pid` (default: this one), in
-    `shm` where it is a writable directory, else None."""
-    pid = os.getpid() if pid is None else pid
-    start = start_time(pid)
-    if start is None or not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+def single_dir(shm: str = SHM) -> str | None:
+    """The segment directory of this process as a singleton, in `shm` where it
+    is a writable directory, else None."""
+    start = start_time(os.getpid())
+    if start is None or not _writable(shm):
         return None
-    return os.path.join(root(shm), "single.%d.%s" % (pid, start))
+    return os.path.join(root(shm), "single.%d.%s" % (os.getpid(), start))
 
 
 def start_time(pid: int) -> str | None:
@@ -107,8 +110,9 @@ def remove_stale(shm: str = SHM) -> list:
     or was killed) and the singletons' whose process no longer runs; returns
     them."""
     removed = []
+    top = root(shm)
     try:
-        names = os.listdir(root(shm))
+        names = os.listdir(top)
     except OSError:
         return removed
     for name in names:
@@ -121,10 +125,16 @@ def remove_stale(shm: str = SHM) -> list:
             continue   # not ours
         if alive:
             continue
-        path = os.path.join(root(shm), name)
-        shutil.rmtree(path, ignore_errors=True)
+        path = os.path.join(top, name)
+        remove(path)
         removed.append(path)
     return removed
+
+
+def remove(path: str | None) -> None:
+    """Remove a segment directory (a singleton's, at its exit)."""
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def prepare(path: str, shm: str = SHM) -> bool:

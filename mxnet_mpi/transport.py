@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import sys
 from contextlib import contextmanager
 from typing import Iterator, MutableMapping, Sequence
@@ -139,12 +138,6 @@ def singleton_segments(env: MutableMapping | None = None, files: Sequence[str] |
     finally:
         if path is not None:
             env.pop(SM_DIR_VAR, None)
-
-
-def remove_singleton_segments(path: str | None) -> None:
-    """Remove a directory that singleton_segments made (at exit)."""
-    if path:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def enabled(env: MutableMapping | None = None) -> bool:

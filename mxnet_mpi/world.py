@@ -26,7 +26,7 @@ from typing import Callable
 
 import mxnet as mx
 
-from . import settings, timeline, transport
+from . import settings, shm_segments, timeline, transport
 from ._native import LIB, check, last_error
 from .errors import MPIKVStoreError
 
@@ -189,7 +189,7 @@ def _at_exit() -> None:
     # mpi4py started MPI, it finalises it; the library lets go of it now.)
     LIB.mxmpi_python_exit()
     # unlinked while still mapped: the mapping lasts until MPI lets go of it
-    transport.remove_singleton_segments(_state.segment_dir)
+    shm_segments.remove(_state.segment_dir)
 
 
 def finalize() -> None:
@@ -201,7 +201,7 @@ def finalize() -> None:
         _finish()
         LIB.mxmpi_finalize()
         _state.finalized = True
-        transport.remove_singleton_segments(_state.segment_dir)
+        shm_segments.remove(_state.segment_dir)
 
 
 def _split(parent: int, color: int, key: int) -> Communicator | None:

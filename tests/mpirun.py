@@ -18,6 +18,9 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SITE = Path(__file__).resolve().parent / "site"
 BIN = Path(sys.executable).parent
 MPIRUN = str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun"
+# put before a command: it starts (as the same process) when a line arrives on
+# its stdin, so its pid (mpirun's session directory, its job's name) is known first
+GATE = ["sh", "-c", 'read go && exec "$0" "$@"']
 
 
 def _load_shm_segments():

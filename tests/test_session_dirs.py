@@ -15,13 +15,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from mpirun import MPIRUN, ROOT, mpi_env, remove_stale_session_dirs
+from mpirun import GATE, MPIRUN, ROOT, mpi_env, remove_stale_session_dirs
 
 
 def gated_mpirun() -> subprocess.Popen:
     """`mpirun -np 1 true`, started (as the same process) when a line arrives
     on its stdin: its pid, and so its session directory, is known first."""
-    return subprocess.Popen(["sh", "-c", 'read go && exec "$0" "$@"', MPIRUN, "-np", "1", "true"],
+    return subprocess.Popen([*GATE, MPIRUN, "-np", "1", "true"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=str(ROOT),
                             start_new_session=True)

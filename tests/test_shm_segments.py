@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpirun import MPIRUN, ROOT, SCRIPTS, mpi_env
+from mpirun import GATE, MPIRUN, ROOT, SCRIPTS, mpi_env
 
 SEGMENT = re.compile(r"/sm_segment\.([^/]+)\.(\d+)\.([0-9a-f]+)\.(\d+)$")
 
@@ -51,7 +51,7 @@ def start(stop_file: Path, gate: bool) -> subprocess.Popen:
     cmd = [MPIRUN, "-np", "2", "--oversubscribe", sys.executable,
            str(SCRIPTS / "shm_neighbours.py"), str(stop_file)]
     if gate:
-        cmd = ["sh", "-c", 'read go && exec "$0" "$@"', *cmd]
+        cmd = [*GATE, *cmd]
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=mpi_env(),
                             cwd=str(ROOT), start_new_session=True)

@@ -127,7 +127,7 @@ def test_a_singleton_gets_a_directory_only_while_mpi_starts(tmp_path):
         assert os.path.isdir(path) and os.path.basename(path).startswith(
             "single.%d." % os.getpid())
     assert env == {}
-    transport.remove_singleton_segments(path)
+    shm_segments.remove(path)
     assert not os.path.exists(path)
     for other in ({"PMIX_NAMESPACE": "prterun-vm-1@1"},           # mpirun's: job_dir
                   {"OMPI_MCA_btl_sm_backing_directory": "/x"},    # the user's choice
