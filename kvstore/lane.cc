@@ -115,6 +115,13 @@ int WaitPolitely(MPI_Request* req) {
   }
 }
 
+int AllreducePolitely(const void* in, void* out, int count, MPI_Datatype type, MPI_Op op,
+                      MPI_Comm comm) {
+  MPI_Request req;
+  const int rc = MPI_Iallreduce(in, out, count, type, op, comm, &req);
+  return rc == MPI_SUCCESS ? WaitPolitely(&req) : rc;
+}
+
 Lane::Lane(const LaneConfig& cfg) : cfg_(cfg) {
   MPI_Comm_rank(cfg_.comm, &rank_);
   MPI_Comm_size(cfg_.comm, &size_);
@@ -348,7 +355,15 @@ Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined,
       w[4] = -w[1];
       w[5] = kNone;
     }
-    rc = MPI_Allreduce(w, wr, 6, MPI_INT64_T, MPI_MAX, cfg_.comm);
+    // With a joined rank, how many joined, reduced beside it (one round trip);
+    // without, none: known to every rank from the first round.
+    int joined_here = joined ? 1 : 0, joined_all = 0;
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    rc = MPI_Iallreduce(w, wr, 6, MPI_INT64_T, MPI_MAX, cfg_.comm, &reqs[0]);
+    if (rc == MPI_SUCCESS && any_joined)
+      rc = MPI_Iallreduce(&joined_here, &joined_all, 1, MPI_INT, MPI_SUM, cfg_.comm, &reqs[1]);
+    if (rc == MPI_SUCCESS) rc = WaitPolitely(&reqs[0]);
+    if (rc == MPI_SUCCESS && any_joined) rc = WaitPolitely(&reqs[1]);
     if (rc != MPI_SUCCESS) {
       a.error = MpiError("check round", rc, joined ? "join" : cands[0]->desc);
       a.n = 1;
@@ -369,8 +384,6 @@ Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined,
       return a;
     }
     u.total = wr[1];
-    int joined_here = joined ? 1 : 0, joined_all = 0;
-    MPI_Allreduce(&joined_here, &joined_all, 1, MPI_INT, MPI_SUM, cfg_.comm);
     u.active = size_ - joined_all;
   }
   return a;

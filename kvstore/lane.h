@@ -136,6 +136,11 @@ class Lane {
 // Waits for a non-blocking MPI request without burning a core: spins briefly
 // (peers usually arrive together), then sleeps between tests.
 int WaitPolitely(MPI_Request* req);
+// MPI_Allreduce with WaitPolitely's wait: for the small agreement rounds,
+// whose blocking form polls, taking the core a descheduled peer (or backprop)
+// needs while the others wait.
+int AllreducePolitely(const void* in, void* out, int count, MPI_Datatype type, MPI_Op op,
+                      MPI_Comm comm);
 
 // The nice value (setpriority) a store's communicating thread takes when its
 // waits sleep (the point-to-point route, across hosts): woken by the network,

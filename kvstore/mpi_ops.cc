@@ -270,10 +270,14 @@ std::string P2pAllreduce(MPI_Comm comm, void* buf, int64_t n, int dtype, int fla
   // Each block in S pieces (S from n and p alone, so the same on every rank):
   // piece k's reduce-scatter messages are all posted at once, and piece k is
   // folded and its allgather posted as soon as piece k has arrived, while the
-  // later pieces are still on the wire.
+  // later pieces are still on the wire. Pieces of at least 128 KiB, at most
+  // 16: with one piece per block a phase's tail (the last message still
+  // arriving) leaves the link idle: at 4 hosts and 1.7 Gbit/s, the funneled
+  // store's allreduce of resnet18_v1's gradients (in 4 MiB units) took 1.85x
+  // the wire time with 1 MiB pieces, 1.40x with 128 KiB ones.
   const int64_t block_bytes = n / p * esize;
   const int S = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(
-      8, block_bytes / (1 << 20))));
+      16, block_bytes / (128 << 10))));
   auto lo = [&](int b, int k) { return static_cast<int64_t>(counts[b]) * k / S; };
   auto cnt = [&](int b, int k) { return static_cast<int>(lo(b, k + 1) - lo(b, k)); };
   std::vector<std::vector<MPI_Request>> rs(S);

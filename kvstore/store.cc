@@ -368,8 +368,11 @@ void Store::NegotiationLoop() {
       std::vector<int> prio(run.size(), INT_MIN);
       if (!serving)
         for (size_t k = 0; k < run.size(); ++k) prio[k] = priority[run[k]];
-      MPI_Allreduce(MPI_IN_PLACE, prio.data(), static_cast<int>(prio.size()), MPI_INT, MPI_MAX,
-                    negotiation_);
+      if (AllreducePolitely(MPI_IN_PLACE, prio.data(), static_cast<int>(prio.size()), MPI_INT,
+                            MPI_MAX, negotiation_) != MPI_SUCCESS) {
+        std::fprintf(stderr, "mxnet_mpi: negotiation of store '%s' failed\n", name_.c_str());
+        return;
+      }
       std::vector<size_t> idx(run.size());
       for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
       std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return prio[a] > prio[b]; });
