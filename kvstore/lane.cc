@@ -102,6 +102,7 @@ void ApplyCommNice() {
 }
 
 int WaitPolitely(MPI_Request* req) {
+  PreciseSleeps();
   const auto start = Clock::now();
   for (;;) {
     int done = 0;
