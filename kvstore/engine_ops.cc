@@ -152,12 +152,6 @@ bool SameRegion(NDArrayHandle a, NDArrayHandle b) {
   return a0 == b0 && a1 == b1;
 }
 
-const char* DTypeName(int dtype) {
-  static const char* names[] = {"float32", "float64", "float16", "uint8", "int32", "int8",
-                                "int64"};
-  return dtype >= 0 && dtype < 7 ? names[dtype] : "unsupported";
-}
-
 // Checks one call; fills which parts are in place and the engine's variables.
 struct Plan {
   std::vector<bool> in_place;

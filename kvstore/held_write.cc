@@ -34,12 +34,12 @@ const char* const kWaiting = ": not every device of this rank has run it yet";
 const char* const kComputing = ": every device pushed its part; waiting for the parts and the "
                                "sum over the ranks to be computed";
 
-std::mutex g_mu;
+std::mutex g_held_mu;
 std::map<int64_t, std::shared_ptr<Held>> g_held;
 int64_t g_next = 1;
 
 std::shared_ptr<Held> Find(int64_t ticket, bool erase) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_held_mu);
   auto it = g_held.find(ticket);
   if (it == g_held.end()) return nullptr;
   auto h = it->second;
@@ -103,7 +103,7 @@ std::string HoldWrite(NDArrayHandle out, const std::string& desc, int64_t* ticke
   h->desc = desc;
   if (MXShallowCopyNDArray(out, &h->out) != 0) return MXGetLastError();
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_held_mu);
     *ticket = g_next++;
     g_held[*ticket] = h;
   }

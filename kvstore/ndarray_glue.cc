@@ -8,8 +8,6 @@
 
 namespace mxnet_mpi {
 
-namespace {
-
 const char* DTypeName(int dtype) {
   switch (dtype) {
     case 0: return "float32";
@@ -24,6 +22,8 @@ const char* DTypeName(int dtype) {
     default: return "an unsupported dtype";
   }
 }
+
+namespace {
 
 std::string ShapeString(const int64_t* dims, int ndim) {
   std::ostringstream os;

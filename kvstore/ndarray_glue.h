@@ -18,6 +18,8 @@ constexpr int kAnyShape = -2;
 std::string CheckArray(NDArrayHandle h, int dtype, const int64_t* shape, int ndim,
                        int64_t count, const std::string& what);
 
+// MXNet's name of a dtype code ("float32", ...).
+const char* DTypeName(int dtype);
 // The engine variable of an array (views share their base array's).
 const void* VarOf(NDArrayHandle h);
 // [first, last) byte range of an array within its storage.

@@ -20,7 +20,7 @@ struct Event {
   std::vector<std::pair<int64_t, int64_t>> pieces;  // a pre-empted allreduce's
 };
 
-std::mutex g_mu;
+std::mutex g_timeline_mu;
 std::vector<Event> g_events;
 
 std::string Escape(const std::string& s) {
@@ -43,21 +43,21 @@ int64_t NowUs() {
 void TimelineRecord(const Request& r, bool ok) {
   if (!g_timeline_on) return;
   const int64_t end = NowUs();
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_timeline_mu);
   g_events.push_back(Event{r.desc, static_cast<int>(r.op), r.Count(), r.t_enqueue, r.t_ready,
                            r.t_start ? r.t_start : r.t_ready, end, ok, r.pieces});
 }
 
 void TimelineStop() {
   g_timeline_on = false;
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_timeline_mu);
   g_events.clear();
 }
 
 std::string TimelineDump(const std::string& path, int rank) {
   std::vector<Event> events;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_timeline_mu);
     events = g_events;
   }
   FILE* f = std::fopen(path.c_str(), "w");
