@@ -549,6 +549,27 @@ def sec_np_arrays(res: Results) -> None:
         res.check(isinstance(a, mx.np.ndarray), "mx.np %s became %s" % (what, type(a)))
 
 
+def sec_waits(res: Results) -> None:
+    """After the sections' traffic: the store threads that waited for their
+    peers (funneled's negotiator, concurrent's lanes) sleep with a timer slack
+    of 1 us, so that their naps end on time."""
+    if SIZE == 1 or KV.mode == "chained":   # no waits, or waits on MXNet's engine threads
+        return
+    name = "mxmpi-funneled" if KV.mode == "funneled" else "mxmpi-lane"
+    slacks = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                if f.read().strip() != name:
+                    continue
+            with open("/proc/%s/timerslack_ns" % tid) as f:
+                slacks.append(int(f.read()))
+        except OSError:
+            continue
+    res.check(1000 in slacks, "no %s thread sleeps with a timer slack of 1 us: %r"
+              % (name, slacks))
+
+
 SECTIONS = {
     "world": (sec_world,),
     "pushpull_inplace": (sec_pushpull_inplace,),
@@ -575,6 +596,7 @@ SECTIONS = {
     "legacy_empty_push_pull": (sec_push_pull, EMPTY_SHAPES),
     # per-device lists of mx.np arrays (Gluon with several contexts after npx.set_np())
     "np_devices": (np_mode(sec_pushpull_devices), SHAPES, mxnp),
+    "waits": (sec_waits,),   # last: after the others' traffic
 }
 
 
