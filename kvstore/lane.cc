@@ -300,9 +300,7 @@ Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined,
     std::memcpy(res, checked, sizeof(res));   // reduced beside the negotiation
   } else {
     FillCheck(cands, joined, v);
-    MPI_Request req;
-    rc = MPI_Iallreduce(v, res, 2 * kWords, MPI_INT64_T, MPI_MAX, cfg_.comm, &req);
-    if (rc == MPI_SUCCESS) rc = WaitPolitely(&req);
+    rc = AllreducePolitely(v, res, 2 * kWords, MPI_INT64_T, MPI_MAX, cfg_.comm);
   }
   if (rc != MPI_SUCCESS) {
     a.n = joined ? 0 : 1;
