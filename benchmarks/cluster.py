@@ -71,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from linkcheck import check_link, print_check, wire_ms  # noqa: E402
+from meta import code_version, command_line  # noqa: E402
 
 from _mxnet_mpi_autoload import SEGMENT_VAR, backward_segment_ops, engine_defaults  # noqa: E402
 
@@ -342,6 +343,7 @@ def drive(args: argparse.Namespace) -> None:
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    code = code_version()   # of what runs, before any edit meanwhile
     rows, checks, loads = [], [], [loadavg()]
     horovod = horovod_installed()
     cpus = netns.own_cores(args.hosts) + [None] if args.bind == "cores" else None
@@ -466,7 +468,7 @@ def drive(args: argparse.Namespace) -> None:
                        % horovod,
             "model": args.model, "hosts": args.hosts, "batch": args.batch,
             "image_size": args.image_size, "steps": args.steps, "quick": args.quick,
-            "seconds": round(time.time() - t_start)}
+            "seconds": round(time.time() - t_start), "code": code, "command": command_line()}
     (outdir / "cluster.json").write_text(json.dumps(meta, indent=1) + "\n")
     if checks:
         with open(outdir / "linkcheck.csv", "w", newline="") as f:

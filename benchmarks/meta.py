@@ -80,6 +80,11 @@ def code_version() -> str:
     return "commit %s%s" % (head, " + local changes" if dirty else "")
 
 
+def command_line() -> str:
+    """How this benchmark was started, as a shell line."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name] + sys.argv)
+
+
 def default_mode() -> str | None:
     """The package's default mode, read from its source (no import of MXNet)."""
     for p in sorted((ROOT / "mxnet_mpi").glob("*.py")):
@@ -111,7 +116,7 @@ def write_meta(csv_path: Path, **facts) -> Path:
         "machine": machine(),
         "conditions": "load average at the end of the run %.1f (1 min), %.1f (5 min), "
                       "%.1f (15 min) on %d cores" % (*load, os.cpu_count() or 0),
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name] + sys.argv),
+        "command": command_line(),
         "code": code_version(),
         "default_mode": default_mode(),
     }
