@@ -39,7 +39,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 6;
+constexpr int kAbiVersion = 7;
 
 namespace mxnet_mpi {
 namespace {
@@ -51,6 +51,9 @@ OwnerThread& g_owner = *new OwnerThread();
 std::mutex g_comms_mu;
 std::vector<MPI_Comm> g_comms;  // id -> communicator; 0 is the world
 bool g_we_initialized = false;
+// An empty directory that MPI_Finalize leaves behind (a singleton's session
+// directory); removed right after it.
+std::string g_remove_after_finalize;
 std::atomic<bool> g_forked{false};
 std::atomic<bool> g_finalized{false};
 pid_t g_pid = 0;
@@ -139,6 +142,7 @@ void FinalizeNative() {
     }
     g_comms.clear();
     if (g_we_initialized && !finalized) MPI_Finalize();
+    if (!g_remove_after_finalize.empty()) rmdir(g_remove_after_finalize.c_str());
   });
   g_owner.Stop();
 }
@@ -381,6 +385,13 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
 MXMPI_API int mxmpi_announce_finish() {
   MXMPI_GUARD();
   HealthAnnounceFinish(Finals());
+  return 0;
+}
+
+// A directory to remove once MPI is finalised, if it is empty then ("": none).
+MXMPI_API int mxmpi_remove_after_finalize(const char* dir) {
+  // read by the owner thread after a Post (whose lock orders the two)
+  g_remove_after_finalize = dir ? dir : "";
   return 0;
 }
 

@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -222,6 +222,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_announce_finish.argtypes = []
     lib.mxmpi_finalize.argtypes = []
     lib.mxmpi_python_exit.argtypes = []
+    lib.mxmpi_remove_after_finalize.argtypes = [ctypes.c_char_p]
     lib.mxmpi_abort.argtypes = [i]
     lib.mxmpi_forked.argtypes = []
     lib.mxmpi_configure.argtypes = [d, d, d, i]

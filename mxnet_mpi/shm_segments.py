@@ -22,7 +22,9 @@ daemon that removes its segment when it ends: Open MPI leaves a file in
 ``/dev/shm`` at every such run. It gets ``single.<pid>.<start time>`` in the
 same root, removed when the process exits, or by the next process that
 prepares a directory once that process no longer runs (the start time tells a
-reused pid).
+reused pid). Open MPI also leaves the singleton's job session directory
+(``<tmp>/ompi.<host>.<uid>/jf.0/<job>``), empty, after MPI_Finalize; the
+process removes it then (session_job_dir names it).
 
 The standard library only: transport imports it before anything else runs.
 """
@@ -42,6 +44,7 @@ SESSION_DIR_VAR = "OMPI_FILE_LOCATION"  # this process's session directory
 SERVER = re.compile(r"(?:ompi|prted)\.(\d+)$")
 JOB_DIR = re.compile(r"(?:ompi|prted)\.(\d+)\.")  # a per-job directory's name: <daemon>.<job>
 SINGLE_DIR = re.compile(r"single\.(\d+)\.(\d+)$")  # a singleton's: single.<pid>.<start time>
+SEGMENT = re.compile(r"sm_segment\.(.+)\.(\d+)\.([0-9a-f]+)\.\d+$")  # <host>.<uid>.<job hex>.<rank>
 # an mpirun or daemon, as /proc/<pid>/comm names it (Open MPI's mpirun, mpiexec
 # and oshrun exec prterun; a launcher that is a link to it keeps the link's name)
 SERVERS = ("prterun", "prted", "prte", "mpirun", "mpiexec", "oshrun")
@@ -85,6 +88,30 @@ def single_dir(shm: str = SHM) -> str | None:
     if start is None or not _writable(shm):
         return None
     return os.path.join(root(shm), "single.%d.%s" % (os.getpid(), start))
+
+
+def session_job_dir(segment: str, env: Mapping | None = None) -> str | None:
+    """The session directory of the job whose shared-memory segment file is
+    named `segment`: ``<tmp>/ompi.<host>.<uid>/jf.0/<job>`` (the job in
+    decimal, <tmp> as Open MPI picks it), or None for another name."""
+    m = SEGMENT.match(os.path.basename(segment))
+    if m is None:
+        return None
+    env = os.environ if env is None else env
+    tmp = next((env[v] for v in ("TMPDIR", "TEMP", "TMP") if env.get(v)), "/tmp")
+    return os.path.join(tmp, "ompi.%s.%s" % (m.group(1), m.group(2)), "jf.0",
+                        str(int(m.group(3), 16)))
+
+
+def singleton_session_dir(path: str | None) -> str | None:
+    """The session directory of the singleton whose segment directory is `path`
+    (from the segment file in it), or None."""
+    try:
+        names = os.listdir(path) if path else []
+    except OSError:
+        names = []
+    found = [d for d in map(session_job_dir, names) if d]
+    return found[0] if found else None
 
 
 def start_time(pid: int) -> str | None:

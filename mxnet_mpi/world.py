@@ -174,6 +174,14 @@ def _finish() -> None:
             sys.stderr.write("mxnet_mpi: cannot write the timeline: %s\n" % exc)
 
 
+def _remove_session_after_finalize() -> None:
+    # MPI_Finalize leaves a singleton's session directory behind, empty; the
+    # native library removes it right after (at process exit, or in finalize)
+    session = shm_segments.singleton_session_dir(_state.segment_dir)
+    if session:
+        LIB.mxmpi_remove_after_finalize(session.encode())
+
+
 def _at_exit() -> None:
     if _state.forked or _state.world is None or _state.finalized:
         return
@@ -187,6 +195,7 @@ def _at_exit() -> None:
     # MPI itself is finalised by the native library when the process exits, with
     # the exit status: a non-zero one aborts the job instead of waiting. (If
     # mpi4py started MPI, it finalises it; the library lets go of it now.)
+    _remove_session_after_finalize()
     LIB.mxmpi_python_exit()
     # unlinked while still mapped: the mapping lasts until MPI lets go of it
     shm_segments.remove(_state.segment_dir)
@@ -199,6 +208,7 @@ def finalize() -> None:
         if _state.world is None or _state.finalized or _state.forked:
             return
         _finish()
+        _remove_session_after_finalize()
         LIB.mxmpi_finalize()
         _state.finalized = True
         shm_segments.remove(_state.segment_dir)

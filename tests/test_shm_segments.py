@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpirun import GATE, MPIRUN, ROOT, SCRIPTS, mpi_env
+from mpirun import GATE, MPIRUN, ROOT, SCRIPTS, mpi_env, shm_segments
 
 SEGMENT = re.compile(r"/sm_segment\.([^/]+)\.(\d+)\.([0-9a-f]+)\.(\d+)$")
 
@@ -128,7 +129,9 @@ def test_a_world_of_one_keeps_its_segment_in_a_directory_it_removes():
     """Without mpirun, Open MPI leaves each process's segment file in /dev/shm
     when it ends (no daemon removes it). A world of one keeps it in a directory
     of its own, removed at exit, or by the next process if it was killed; the
-    processes it starts do not inherit the setting (they may be mpirun jobs)."""
+    processes it starts do not inherit the setting (they may be mpirun jobs).
+    The job session directory Open MPI leaves empty after MPI_Finalize
+    (<tmp>/ompi.<host>.<uid>/jf.0/<job>) is removed at exit too."""
     if not os.access("/dev/shm", os.W_OK):
         pytest.skip("no writable /dev/shm here")
     killed, first = singleton("wait")
@@ -139,9 +142,15 @@ def test_a_world_of_one_keeps_its_segment_in_a_directory_it_removes():
         segment = first["FILES"]
         assert (left / segment).exists()
         assert not (left.parent.parent / segment).exists()
+        # the session directory is where the rule says, while the job runs
+        session = shm_segments.session_job_dir(segment)
+        assert session and Path(session).is_dir(), (segment, session)
     finally:
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait()
+        if first.get("FILES") and shm_segments.session_job_dir(first["FILES"]):
+            # what the killed process could not remove (this test killed it)
+            shutil.rmtree(shm_segments.session_job_dir(first["FILES"]), ignore_errors=True)
     # killed, it could not remove its directory; the next process that
     # prepares one does (here the next singleton, or one of the other
     # worker's processes meanwhile)
@@ -152,3 +161,4 @@ def test_a_world_of_one_keeps_its_segment_in_a_directory_it_removes():
     mine = Path(second["DIR"])
     assert mine != left and mine.parent == left.parent and not mine.exists()   # removed at exit
     assert not (mine.parent.parent / second["FILES"]).exists()
+    assert not Path(shm_segments.session_job_dir(second["FILES"])).exists()
