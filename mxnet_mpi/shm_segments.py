@@ -44,7 +44,8 @@ SESSION_DIR_VAR = "OMPI_FILE_LOCATION"  # this process's session directory
 SERVER = re.compile(r"(?:ompi|prted)\.(\d+)$")
 JOB_DIR = re.compile(r"(?:ompi|prted)\.(\d+)\.")  # a per-job directory's name: <daemon>.<job>
 SINGLE_DIR = re.compile(r"single\.(\d+)\.(\d+)$")  # a singleton's: single.<pid>.<start time>
-SEGMENT = re.compile(r"sm_segment\.(.+)\.(\d+)\.([0-9a-f]+)\.\d+$")  # <host>.<uid>.<job hex>.<rank>
+# a segment file's name: sm_segment.<host>.<uid>.<job, hex>.<local rank>
+SEGMENT = re.compile(r"sm_segment\.(.+)\.(\d+)\.([0-9a-f]+)\.(\d+)$")
 # an mpirun or daemon, as /proc/<pid>/comm names it (Open MPI's mpirun, mpiexec
 # and oshrun exec prterun; a launcher that is a link to it keeps the link's name)
 SERVERS = ("prterun", "prted", "prte", "mpirun", "mpiexec", "oshrun")
@@ -110,8 +111,7 @@ def singleton_session_dir(path: str | None) -> str | None:
         names = os.listdir(path) if path else []
     except OSError:
         names = []
-    found = [d for d in map(session_job_dir, names) if d]
-    return found[0] if found else None
+    return next((d for d in map(session_job_dir, names) if d), None)
 
 
 def start_time(pid: int) -> str | None:

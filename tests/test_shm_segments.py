@@ -23,7 +23,10 @@ from pathlib import Path
 import pytest
 from mpirun import GATE, MPIRUN, ROOT, SCRIPTS, mpi_env, shm_segments
 
-SEGMENT = re.compile(r"/sm_segment\.([^/]+)\.(\d+)\.([0-9a-f]+)\.(\d+)$")
+
+def segment_name(path: str) -> tuple:
+    """(host, uid, job in hex, local rank) of a segment file's path."""
+    return shm_segments.SEGMENT.match(os.path.basename(path)).groups()
 
 
 def _hash(text: str) -> int:
@@ -64,7 +67,7 @@ def segments(proc: subprocess.Popen) -> tuple:
     for line in proc.stdout:
         if line.startswith("rank 0 segments "):
             words = line.split()
-            paths = sorted(words[3:-2], key=lambda p: int(SEGMENT.search(p).group(4)))
+            paths = sorted(words[3:-2], key=lambda p: int(segment_name(p)[3]))
             return paths, words[-1]
     raise AssertionError("job ended before its first allreduce:\n" + proc.stderr.read()[-4000:])
 
@@ -76,7 +79,7 @@ def test_two_jobs_whose_segment_names_meet_stay_apart_and_exact(tmp_path):
     links = []
     try:
         seg_a, job_a = segments(a)
-        node, uid, jid, _ = SEGMENT.search(seg_a[0]).groups()
+        node, uid, jid, _ = segment_name(seg_a[0])
         # the names really are Open MPI's: job A's from its name, which holds its mpirun's pid
         assert job_a.endswith("-%d@1" % a.pid) and int(jid, 16) == job_id(job_a), (seg_a, job_a)
         assert os.path.dirname(seg_a[0]) != "/dev/shm", seg_a   # the default moved them
@@ -92,7 +95,7 @@ def test_two_jobs_whose_segment_names_meet_stay_apart_and_exact(tmp_path):
         b.stdin.flush()
         seg_b, _ = segments(b)   # what /proc/self/maps shows: the files, links followed
         assert not set(seg_b) & set(seg_a), "job B mapped job A's segments %s" % seg_a
-        assert int(SEGMENT.search(seg_b[0]).group(3), 16) == jid_b, seg_b   # as predicted
+        assert int(segment_name(seg_b[0])[2], 16) == jid_b, seg_b   # as predicted
         # job B's start cleaned up stale job directories, not job A's
         assert all(os.path.exists(path) for path in seg_a), seg_a
         time.sleep(1.0)   # both jobs exchange messages side by side
@@ -148,9 +151,10 @@ def test_a_world_of_one_keeps_its_segment_in_a_directory_it_removes():
     finally:
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait()
-        if first.get("FILES") and shm_segments.session_job_dir(first["FILES"]):
-            # what the killed process could not remove (this test killed it)
-            shutil.rmtree(shm_segments.session_job_dir(first["FILES"]), ignore_errors=True)
+        # what the killed process could not remove (this test killed it)
+        session = shm_segments.session_job_dir(first.get("FILES", ""))
+        if session:
+            shutil.rmtree(session, ignore_errors=True)
     # killed, it could not remove its directory; the next process that
     # prepares one does (here the next singleton, or one of the other
     # worker's processes meanwhile)
