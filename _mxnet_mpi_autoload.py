@@ -14,8 +14,8 @@ inside ``import mxnet``. If mxnet_mpi cannot be imported, ``import mxnet``
 still succeeds, with a warning that says why.
 
 Just before mxnet loads, in a rank of an MPI job of several ranks, the hook
-also sets MXNet's backward segment default (:func:`engine_defaults`), which
-MXNet reads only as it loads.
+also sets MXNet's engine segment and optimizer group defaults
+(:func:`engine_defaults`); MXNet reads the segments only as it loads.
 """
 
 from __future__ import annotations
@@ -29,8 +29,15 @@ _finding = threading.local()
 
 #: MXNet's most ops per engine segment of a training backward pass (default 15).
 SEGMENT_VAR = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
-# Either of these set by the user leaves MXNet's segments alone.
-_SEGMENT_SET_BY = (SEGMENT_VAR, "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN")
+#: The same for the forward pass of training.
+FORWARD_SEGMENT_VAR = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD"
+#: The most parameters MXNet's SGD and LARS update in one op (default 4; LAMB 45).
+AGGREGATION_VAR = "MXNET_OPTIMIZER_AGGREGATION_SIZE"
+_TRAIN_SEGMENT_VAR = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN"   # both passes at once
+# Each default, with the variables (in MXNet's order of precedence) that,
+# set by the user, leave it alone.
+_SEGMENT_SET_BY = (SEGMENT_VAR, _TRAIN_SEGMENT_VAR)
+_FORWARD_SET_BY = (FORWARD_SEGMENT_VAR, _TRAIN_SEGMENT_VAR)
 # The number of ranks, as Open MPI, MPICH/Hydra (and Slurm's PMI) and MVAPICH
 # tell each process they start.
 _WORLD_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -86,19 +93,43 @@ def backward_segment_ops(env=None) -> int:
     return _first_int(env, _SEGMENT_SET_BY, 15)
 
 
+def forward_segment_ops(env=None) -> int:
+    """The same for the forward pass of training."""
+    return _first_int(env, _FORWARD_SET_BY, 15)
+
+
 def engine_defaults(env=None) -> dict:
-    """In a rank of an MPI job of several ranks, a backward pass in segments of
-    one op: MXNet runs up to 15 ops as one engine operation, so a gradient made
-    inside a segment is ready for its allreduce only when the whole segment
-    ends, and the link idles meanwhile (docs/across-hosts.md). Left alone where
-    the user set ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD`` or
-    ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN``. Hybridized blocks read it when
-    MXNet loads, so it must be set before. Returns what it set."""
+    """In a rank of an MPI job of several ranks, training passes in engine
+    segments of one op, and each parameter updated by an op of its own.
+
+    MXNet runs up to 15 ops as one engine operation, so a gradient made inside
+    a backward segment is ready for its allreduce only when the whole segment
+    ends, and a forward segment starts only when every weight its ops read has
+    arrived and been updated; SGD updates 4 parameters per op, which waits for
+    the last of their 4 gradients. Meanwhile the link or the core idles
+    (docs/across-hosts.md). Each default is left alone where the user set it
+    (``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN`` covers both passes). Hybridized
+    blocks read the segments when MXNet loads, so they must be set before.
+    Returns what it set."""
     env = os.environ if env is None else env
-    if mpi_ranks(env) < 2 or any(name in env for name in _SEGMENT_SET_BY):
+    if mpi_ranks(env) < 2:
         return {}
-    env[SEGMENT_VAR] = "1"
-    return {SEGMENT_VAR: "1"}
+    done = {}
+    for var, set_by in ((SEGMENT_VAR, _SEGMENT_SET_BY), (FORWARD_SEGMENT_VAR, _FORWARD_SET_BY)):
+        if not any(name in env for name in set_by):
+            env[var] = done[var] = "1"
+    done.update(optimizer_defaults(env))
+    return done
+
+
+def optimizer_defaults(env=None) -> dict:
+    """The optimizer part of :func:`engine_defaults`, which still takes effect
+    after MXNet loaded (an optimizer reads it when it is created)."""
+    env = os.environ if env is None else env
+    if mpi_ranks(env) < 2 or AGGREGATION_VAR in env:
+        return {}
+    env[AGGREGATION_VAR] = "1"
+    return {AGGREGATION_VAR: "1"}
 
 
 class _ThenMxnetMpi:

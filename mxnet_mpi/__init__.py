@@ -30,11 +30,14 @@ if not _launcher_only():
     from . import transport
 
     transport.apply()   # Open MPI's transport defaults, before MPI is initialised
+    from _mxnet_mpi_autoload import engine_defaults, optimizer_defaults
+
     if "mxnet" not in sys.modules:
-        # imported before mxnet: MXNet's backward segment default, which MXNet
-        # reads as it loads (the start-up hook sets it when mxnet is imported)
-        from _mxnet_mpi_autoload import engine_defaults
+        # imported before mxnet: MXNet's segment defaults, which MXNet reads
+        # as it loads (the start-up hook sets them when mxnet is imported)
         engine_defaults()
+    else:
+        optimizer_defaults()   # an optimizer reads it when it is created
 
     from . import hybrid, mxnet_patches, ops, stores
     from .collectives import SUPPORTED_DTYPES

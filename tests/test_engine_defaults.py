@@ -1,44 +1,64 @@
-"""MXNet's backward segments in MPI jobs (_mxnet_mpi_autoload.engine_defaults):
-the rule alone, then what real processes get, with and without mpirun."""
+"""MXNet's engine segments and optimizer groups in MPI jobs
+(_mxnet_mpi_autoload.engine_defaults): the rule alone, then what real
+processes get, with and without mpirun."""
 
 import json
 
 from mpirun import run_mpi, run_single
 
-from _mxnet_mpi_autoload import SEGMENT_VAR, engine_defaults
+from _mxnet_mpi_autoload import (AGGREGATION_VAR, FORWARD_SEGMENT_VAR, SEGMENT_VAR,
+                                 engine_defaults, optimizer_defaults)
 
-ONE_OP = {SEGMENT_VAR: "1"}
+ONE_EACH = {SEGMENT_VAR: "1", FORWARD_SEGMENT_VAR: "1", AGGREGATION_VAR: "1"}
 
 
-def test_segments_of_one_op_only_in_jobs_of_several_ranks_and_the_user_wins():
+def test_one_op_segments_and_updates_only_in_jobs_of_several_ranks_and_the_user_wins():
     for job in ({"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_SIZE": "8"},
                 {"MV2_COMM_WORLD_SIZE": "3"}):
         env = dict(job)
-        assert engine_defaults(env) == ONE_OP and env == dict(job, **ONE_OP)
+        assert engine_defaults(env) == ONE_EACH and env == dict(job, **ONE_EACH)
+        env = dict(job)
+        assert optimizer_defaults(env) == {AGGREGATION_VAR: "1"} and len(env) == 2
     for alone in ({}, {"OMPI_COMM_WORLD_SIZE": "1"}, {"PMI_SIZE": "many"}):
         env = dict(alone)
-        assert engine_defaults(env) == {} and env == alone
-    for user in ({SEGMENT_VAR: "15"}, {"MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": "4"}):
-        env = dict(user, OMPI_COMM_WORLD_SIZE="2")
-        assert engine_defaults(env) == {} and env == dict(user, OMPI_COMM_WORLD_SIZE="2")
+        assert engine_defaults(env) == {} and optimizer_defaults(env) == {} and env == alone
+    job = {"OMPI_COMM_WORLD_SIZE": "2"}
+    # each of the user's settings leaves alone what it covers, and only that
+    for user, left in (({SEGMENT_VAR: "15"}, [SEGMENT_VAR]),
+                       ({FORWARD_SEGMENT_VAR: "4"}, [FORWARD_SEGMENT_VAR]),
+                       ({"MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": "4"},
+                        [SEGMENT_VAR, FORWARD_SEGMENT_VAR]),
+                       ({AGGREGATION_VAR: "4"}, [AGGREGATION_VAR])):
+        env = dict(job, **user)
+        mine = {k: v for k, v in ONE_EACH.items() if k not in left}
+        assert engine_defaults(env) == mine and env == dict(job, **user, **mine), user
 
 
 def _ranks(proc) -> list:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def test_each_gradient_is_ready_when_its_op_ends_in_an_mpi_job():
-    # 'default': ms between two layers' weight gradients becoming ready with
-    # the process's own default; 'mxnet15': with MXNet's 15 ops per segment on
-    # the block, where both come out of one segment together (the control)
-    hooked = _ranks(run_mpi("backward_segments.py", 2))
-    first = _ranks(run_mpi("backward_segments.py", 2, "package-first",
+def test_gradients_ready_weights_used_and_updates_done_as_each_arrives_in_an_mpi_job():
+    # tests/scripts/engine_defaults.py: per configuration, ms between two
+    # moments; 'default' with the process's own defaults, the other key the
+    # control with MXNet's (15 ops per segment, SGD's group of 4 parameters)
+    hooked = _ranks(run_mpi("engine_defaults.py", 2))
+    first = _ranks(run_mpi("engine_defaults.py", 2, "package-first",
                            env={"MXNET_MPI_AUTOLOAD": "0"}))
+    assert len(hooked) == len(first) == 1, (hooked, first)   # rank 0 prints
     for r in hooked + first:
-        assert r["env"] == "1", r
-        assert r["mxnet15"] < 1.0 and r["default"] > max(2.0, 10 * r["mxnet15"]), r
-    assert len(hooked) == len(first) == 2
-    # one process, no MPI job: MXNet's default stays
-    alone = _ranks(run_single("backward_segments.py"))
-    assert len(alone) == 1 and alone[0]["env"] is None, alone
-    assert alone[0]["default"] < 1.0, alone
+        assert r["env"] == ONE_EACH, r
+        # backward: each gradient ready when its op ends, not its segment
+        b = r["backward"]
+        assert b["mxnet15"] < 1.0 and b["default"] > max(2.0, 10 * b["mxnet15"]), r
+        # forward: seven layers ran while the eighth's weight was on its
+        # way; with one segment the whole forward waited for it
+        f = r["forward"]
+        assert f["default"] < 0.5 * f["mxnet15"], f
+        # updates: the first parameter's did not wait for the fourth's gradient
+        u = r["update"]
+        assert u["grouped"] > 0.6 * u["hold"] and u["default"] < 0.3 * u["hold"], r
+    # one process, no MPI job: MXNet's defaults stay
+    alone = _ranks(run_single("engine_defaults.py"))
+    assert len(alone) == 1 and alone[0]["env"] == dict.fromkeys(ONE_EACH), alone
+    assert alone[0]["backward"]["default"] < 1.0, alone
