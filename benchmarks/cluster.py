@@ -48,8 +48,9 @@ rank's CPU time / wall time in that row (mean over ranks), bound_overlap_ms =
 max(compute, comm), bound_serial_ms = compute + comm, vs_bound = ms_per_step /
 bound_overlap_ms, vs_no_overlap), cluster.png, linkcheck.csv and cluster.json
 (the run's conditions: machine, date, binding, load average, transport
-settings, MXNet's backward segments). Every row runs with the backward
-segments that mxnet_mpi gives a rank of an MPI job (dist_sync's workers too).
+settings, MXNet's engine settings). Every row runs with the engine segments
+and update groups that mxnet_mpi gives a rank of an MPI job (dist_sync's
+workers too).
 """
 
 from __future__ import annotations
@@ -73,7 +74,12 @@ sys.path.insert(0, str(HERE))
 from linkcheck import check_link, print_check, wire_ms  # noqa: E402
 from meta import code_version, command_line  # noqa: E402
 
-from _mxnet_mpi_autoload import SEGMENT_VAR, backward_segment_ops, engine_defaults  # noqa: E402
+from _mxnet_mpi_autoload import (  # noqa: E402
+    AGGREGATION_VAR,
+    backward_segment_ops,
+    engine_defaults,
+    forward_segment_ops,
+)
 
 MODES = ("chained", "funneled", "concurrent")
 
@@ -208,7 +214,7 @@ def job_env(cluster, chunk_bytes: int | None = None) -> dict:
     env = cluster.env()
     if chunk_bytes:
         env["MXNET_MPI_CHUNK_BYTES"] = str(chunk_bytes)
-    # MXNet's backward segments as mxnet_mpi sets them in a rank of an MPI job,
+    # MXNet's segments and update groups as mxnet_mpi sets them in a rank of an MPI job,
     # for every row alike (dist_sync's workers are no MPI job); the caller's wins
     env.update(engine_defaults(dict(env, OMPI_COMM_WORLD_SIZE="2")))
     env.update(OMP_NUM_THREADS="1",
@@ -350,8 +356,8 @@ def drive(args: argparse.Namespace) -> None:
     with netns.NetnsCluster(args.hosts + 1, cpus=cpus) as cluster:
         binding = cluster.binding()
         env = job_env(cluster)
-        engine = "backward segments of %d op(s)%s" % (
-            backward_segment_ops(env), " (%s)" % SEGMENT_VAR if SEGMENT_VAR in env else "")
+        engine = "segments of %d op(s) forward, %d backward; %s parameter(s) per SGD update" % (
+            forward_segment_ops(env), backward_segment_ops(env), env.get(AGGREGATION_VAR, "4"))
         print("binding: %s; transport: %s; MXNet %s; load average %s"
               % (binding, transport.describe(cluster.env()), engine, loads[0]), flush=True)
         grad_bytes = None

@@ -16,10 +16,11 @@ load changes hit them alike:
   budget B     Trainer(kvstore=mpi_funneled) with MXNET_MPI_PREEMPT_BYTES=B
                (0: pre-emption off, cycles run all they agreed on)
   B, N-op segments
-               the default budget on a copy of the model whose backward pass
-               runs in MXNet engine segments of up to N ops (--segments; the
-               others run with the process's default: in an MPI job,
-               mxnet_mpi's 1 op, else MXNet's 15)
+               the default budget on a copy of the model whose forward and
+               backward passes run in MXNet engine segments of up to N ops,
+               with SGD updating 4 parameters per op (--segments; at 15 these
+               are MXNet's own defaults; the other configs run with the
+               process's: in an MPI job, mxnet_mpi's 1 op and 1 parameter)
 
 Steps follow each other with no wait in between, as in training: the next
 forward is pushed while gradients still move, and its first layer can start
@@ -75,7 +76,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--budgets", default="0,1M,4M",
                     help="MXNET_MPI_PREEMPT_BYTES values compared (0: off)")
     ap.add_argument("--segments", default="15",
-                    help="MXNet backward segment sizes (ops) also run at the default budget "
+                    help="MXNet segment sizes (ops, forward and backward; with SGD's 4 "
+                         "parameters per update) also run at the default budget "
                          "(comma-separated; empty: none)")
     ap.add_argument("--rounds", type=int, help="rounds of every config (default 4, quick 3)")
     ap.add_argument("--steps", type=int, default=3, help="steps per config per round")
@@ -106,7 +108,7 @@ def worker(args: argparse.Namespace) -> None:
     from workload import gluoncv_workload
 
     import mxnet_mpi
-    from _mxnet_mpi_autoload import backward_segment_ops
+    from _mxnet_mpi_autoload import backward_segment_ops, forward_segment_ops
     from mxnet_mpi import settings, timeline
 
     rank = mxnet_mpi.rank()
@@ -129,21 +131,29 @@ def worker(args: argparse.Namespace) -> None:
         assert kv.stream.options()["preempt_bytes"] == b
         trainers[budget_name(b)] = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
     os.environ.pop("MXNET_MPI_PREEMPT_BYTES")
-    # the backward segments MXNet took as its default when it loaded here
-    segments = {name: backward_segment_ops() for name in trainers}
-    works = {}   # configs on a copy of the model with other backward segments
+    # the segments MXNet took as its defaults when it loaded here
+    segments = {name: (forward_segment_ops(), backward_segment_ops()) for name in trainers}
+    works = {}   # configs on a copy of the model with other segments and update groups
+
+    def mxnet_sgd():
+        sgd = mx.optimizer.SGD(**opt)
+        sgd.aggregate_num = 4   # MXNet's default group (MXNET_OPTIMIZER_AGGREGATION_SIZE)
+        return sgd
+
     default_budget = settings.BY_NAME["MXNET_MPI_PREEMPT_BYTES"].default
     for n in [int(x) for x in args.segments.split(",") if x.strip()]:
         name = "%s, %d-op segments" % (budget_name(default_budget), n)
         works[name] = gluoncv_workload(args.model, args.batch, args.image_size,
-                                       backward_bulk_size=n)
-        trainers[name] = gluon.Trainer(works[name].net.collect_params(), "sgd", opt,
+                                       forward_bulk_size=n, backward_bulk_size=n)
+        trainers[name] = gluon.Trainer(works[name].net.collect_params(), mxnet_sgd(),
                                        kvstore=mx.kv.create("mpi_funneled"))
         alone = "compute, %d-op segments" % n
         works[alone] = works[name]
-        trainers[alone] = gluon.Trainer(works[name].net.collect_params(), "sgd", opt,
+        trainers[alone] = gluon.Trainer(works[name].net.collect_params(), mxnet_sgd(),
                                         kvstore=None)
-        segments[name] = segments[alone] = n
+        segments[name] = segments[alone] = (n, n)
+    # parameters per update op, as each trainer's optimizer has it
+    groups = {name: max(1, t._optimizer.aggregate_num) for name, t in trainers.items()}
     comm_kv = mx.kv.create("mpi")
 
     def train_step(trainer, w) -> None:
@@ -183,7 +193,7 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.worker_json).write_text(json.dumps({
             "ms_per_step": {k: v * 1e3 / n for k, v in wall.items()},
             "cpu_per_wall": {k: cpu[k] / wall[k] for k in wall},
-            "stats": stats, "steps": n, "segments": segments,
+            "stats": stats, "steps": n, "segments": segments, "update_group": groups,
             "default_budget": default_budget,
             "grad_bytes": sum(p.grad().size * 4 for p in params)}))
 
@@ -255,7 +265,9 @@ def rows_of(res: dict, link: str, args: argparse.Namespace) -> list:
                      "comm_after_forward": s.get("comm_after_forward"),
                      "backward_to_forward_ms": s.get("backward_to_forward_ms"),
                      "cpu_per_wall": res["cpu_per_wall"][name],
-                     "bwd_segment_ops": res["segments"].get(name),
+                     "bwd_segment_ops": (res["segments"].get(name) or [None, None])[1],
+                     "fwd_segment_ops": (res["segments"].get(name) or [None, None])[0],
+                     "update_group": res["update_group"].get(name),
                      "compute_ms": ms["compute"], "comm_ms": ms["comm"],
                      "grad_MB": res["grad_bytes"] / 2**20, "steps": res["steps"]})
     return rows
@@ -298,8 +310,10 @@ def drive(args: argparse.Namespace) -> None:
                 print("link %g Gbit/s done (%.0f s)" % (rate, time.time() - t_start), flush=True)
     facts["seconds"] = round(time.time() - t_start)
     facts["default_budget"] = budget_name(res["default_budget"])
-    facts["engine"] = ("backward segments of %s op(s) where the config names none"
-                       % res["segments"]["compute"])
+    fwd, bwd = res["segments"]["compute"]
+    facts["engine"] = ("segments of %s op(s) forward, %s backward, %d parameter(s) per update "
+                       "where the config names no segments"
+                       % (fwd, bwd, res["update_group"]["compute"]))
     write_outputs(rows, outdir, facts)
 
 

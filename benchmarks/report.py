@@ -470,15 +470,22 @@ def sec_overlap(ctx: Ctx) -> str | None:
     return "\n".join(out)
 
 
+def engine_label(segs: str) -> str:
+    """preempt.csv's "15-op segments" as the report names it."""
+    return segs + " and 4-parameter updates" + (" (MXNet's defaults)" if segs.startswith("15-")
+                                                else "")
+
+
 def preempt_label(config: str, default: str | None) -> str:
     """A preempt.csv config as the table names it: "4 MiB, 15-op segments" is
-    "budget 4 MiB (default), 15-op backward segments"."""
+    "budget 4 MiB (default), 15-op segments and 4-parameter updates (MXNet's
+    defaults)"."""
     base, _, segs = config.partition(", ")
     label = {"compute": "compute only", "comm": "comm only",
              "off": "pre-emption off"}.get(base, "budget " + base)
     if base == default:
         label += " (default)"
-    return label + (", " + segs.replace("segments", "backward segments") if segs else "")
+    return label + (", " + engine_label(segs) if segs else "")
 
 
 def sec_preempt(ctx: Ctx) -> str | None:
@@ -501,10 +508,11 @@ def sec_preempt(ctx: Ctx) -> str | None:
            "next step's first layer got its updated weight (its forward may run); "
            "*backward to forward*: from the end of backward to that moment. From rank 0's "
            "timeline (two probe collectives per step mark the moments). Where a row names "
-           "backward segments, its model runs its backward pass in MXNet engine segments of "
-           "up to that many ops; the other rows run with the process's default, which in an "
-           "MPI job is mxnet_mpi's one op per segment "
-           "([across-hosts.md](across-hosts.md#backward-segments)).", ""]
+           "segments, its model runs its forward and backward passes in MXNet engine "
+           "segments of up to that many ops and SGD updates 4 parameters per op; the other "
+           "rows run with the process's defaults, which in an MPI job are mxnet_mpi's one "
+           "op per segment and one parameter per update "
+           "([across-hosts.md](across-hosts.md#engine-segments-and-update-groups)).", ""]
     for p in found:
         rows = read_csv(p, spec)
         meta = read_meta(p)
@@ -549,11 +557,13 @@ def sec_preempt(ctx: Ctx) -> str | None:
                               and d["config"] == base))
                      for r in rows if r["config"] == c]
             ops = sorted({d.get("bwd_segment_ops", "") for _, d in pairs} - {""})
+            groups = sorted({d.get("update_group", "") for _, d in pairs} - {""})
             name = preempt_label(base, default)
             out += ["%s with %s instead of %s: %s per step against %s (%s as long)." % (
-                        name[:1].upper() + name[1:],
-                        segs.replace("segments", "backward segments"),
-                        "%s-op ones" % "/".join(ops) if ops else "the process's default",
+                        name[:1].upper() + name[1:], engine_label(segs),
+                        "%s-op segments and %s-parameter updates" % (
+                            "/".join(ops), "/".join(groups))
+                        if ops and groups else "the process's defaults",
                         span([r["ms_per_step"] for r, _ in pairs], unit=" ms"),
                         span([d["ms_per_step"] for _, d in pairs], unit=" ms"),
                         span([r["ms_per_step"] / d["ms_per_step"] for r, d in pairs],

@@ -6,8 +6,13 @@ import json
 
 from mpirun import run_mpi, run_single
 
-from _mxnet_mpi_autoload import (AGGREGATION_VAR, FORWARD_SEGMENT_VAR, SEGMENT_VAR,
-                                 engine_defaults, optimizer_defaults)
+from _mxnet_mpi_autoload import (
+    AGGREGATION_VAR,
+    FORWARD_SEGMENT_VAR,
+    SEGMENT_VAR,
+    engine_defaults,
+    optimizer_defaults,
+)
 
 ONE_EACH = {SEGMENT_VAR: "1", FORWARD_SEGMENT_VAR: "1", AGGREGATION_VAR: "1"}
 
