@@ -63,6 +63,14 @@ def test_gradients_ready_weights_used_and_updates_done_as_each_arrives_in_an_mpi
         # updates: the first parameter's did not wait for the fourth's gradient
         u = r["update"]
         assert u["grouped"] > 0.6 * u["hold"] and u["default"] < 0.3 * u["hold"], r
+    # mxnet imported first with the hook off: too late for the segments, in
+    # time for the optimizer, which reads its group size when it is created
+    late = _ranks(run_mpi("engine_defaults.py", 2, "mxnet-first",
+                          env={"MXNET_MPI_AUTOLOAD": "0"}))
+    assert len(late) == 1, late
+    assert late[0]["env"] == dict.fromkeys(ONE_EACH, None) | {AGGREGATION_VAR: "1"}, late
+    u = late[0]["update"]
+    assert u["grouped"] > 0.6 * u["hold"] and u["default"] < 0.3 * u["hold"], late
     # one process, no MPI job: MXNet's defaults stay
     alone = _ranks(run_single("engine_defaults.py"))
     assert len(alone) == 1 and alone[0]["env"] == dict.fromkeys(ONE_EACH), alone

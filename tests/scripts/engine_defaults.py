@@ -1,6 +1,7 @@
 """What MXNet's engine does with the defaults this process found (no flag) and
 with MXNet's own (a flag), in a process that imports nothing but mxnet (with
-the argument ``package-first``: mxnet_mpi, then mxnet).
+the argument ``package-first``: mxnet_mpi, then mxnet; with ``mxnet-first``:
+mxnet, then mxnet_mpi, and only ``update`` is measured).
 
 Prints one JSON line: the three variables as the process found them and, in
 ms, the smallest of a few measurements of
@@ -27,11 +28,15 @@ import os
 import sys
 import time
 
-if sys.argv[1:] == ["package-first"]:
+ORDER = sys.argv[1] if sys.argv[1:] else "mxnet"
+if ORDER == "package-first":
     import mxnet_mpi  # noqa: F401
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
+
+if ORDER == "mxnet-first":
+    import mxnet_mpi  # noqa: F401, E402
 
 HOLD_S = 0.3
 VARS = ("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD",
@@ -122,14 +127,16 @@ def update_wait(rank: int, group: int | None = None) -> float:
     return min(waits)
 
 
-out = {"env": {v: os.environ.get(v) for v in VARS},
-       "backward": {"default": spread(), "mxnet15": spread(backward_bulk_size=15)}}
+out = {"env": {v: os.environ.get(v) for v in VARS}}
+if ORDER != "mxnet-first":
+    out["backward"] = {"default": spread(), "mxnet15": spread(backward_bulk_size=15)}
 if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) == 2:
     import mxnet_mpi
 
     rank = mxnet_mpi.rank()
-    out["forward"] = {"default": forward_tail(rank),
-                      "mxnet15": forward_tail(rank, forward_bulk_size=15)}
+    if ORDER != "mxnet-first":
+        out["forward"] = {"default": forward_tail(rank),
+                          "mxnet15": forward_tail(rank, forward_bulk_size=15)}
     out["update"] = {"default": update_wait(rank), "grouped": update_wait(rank, group=4),
                      "hold": HOLD_S * 1e3}
     if rank != 0:
