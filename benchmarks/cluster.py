@@ -46,7 +46,11 @@ Writes cluster.csv (link_gbit, store, ms_per_step, compute_ms, comm_ms,
 grad_MB, hosts, wire_ms = the ring's time on the wire, cpu_per_wall = a
 rank's CPU time / wall time in that row (mean over ranks), bound_overlap_ms =
 max(compute, comm), bound_serial_ms = compute + comm, vs_bound = ms_per_step /
-bound_overlap_ms, vs_no_overlap), cluster.png, linkcheck.csv and cluster.json
+bound_overlap_ms, vs_no_overlap, steady_ms = a training row's median time
+between two consecutive steps' ends of backward, from rank 0's timeline: the
+step once the pipeline is full, which the mean over a few timed steps
+overstates by the filling at each timed run's start), cluster.png,
+linkcheck.csv and cluster.json
 (the run's conditions: machine, date, binding, load average, transport
 settings, MXNet's engine settings). Every row runs with the engine segments
 and update groups that mxnet_mpi gives a rank of an MPI job (dist_sync's
@@ -90,7 +94,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--model", help="gluoncv model (default resnet18_v1 quick, resnet50_v1b)")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8, help="per rank")
-    ap.add_argument("--steps", type=int, help="timed steps per row (default 4 quick, 8)")
+    ap.add_argument("--steps", type=int, help="timed steps per row and round (default 2 quick, 8)")
     ap.add_argument("--ratios", default="0.5,1,2", help="target comm/compute ratios")
     ap.add_argument("--rates", help="link rates in Gbit/s (skips the calibration choice)")
     ap.add_argument("--chunk-bytes", type=int,
@@ -401,6 +405,7 @@ def drive(args: argparse.Namespace) -> None:
 
             def row(store, secs, skipped=False, rate=rate, compute=compute, comm=comm,
                     res=res, note="", cpu=None, wire=wire, cpu_value=None, own=None):
+                steady = res.get("steady", {}).get(cpu) if cpu else None
                 rows.append({"link_gbit": rate, "store": store,
                              "ms_per_step": None if skipped else secs * 1e3,
                              "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
@@ -409,7 +414,9 @@ def drive(args: argparse.Namespace) -> None:
                              "cpu_per_wall": cpu_value if cpu_value is not None
                              else mean(res.get("cpu_per_wall", {}).get(cpu, [])),
                              "chunk_bytes": args.chunk_bytes or "default",
-                             **{k: (own or {}).get(k) for k in OWN_COLUMNS}, "note": note})
+                             **{k: (own or {}).get(k) for k in OWN_COLUMNS},
+                             "steady_ms": None if steady is None else steady * 1e3,
+                             "note": note})
             row("compute only", compute, cpu="compute",
                 note="CPU/wall per rank %s; %s; load average %s"
                 % (fmt_cpu(res, "compute"), binding, loads[-1]))

@@ -18,7 +18,11 @@ nothing hidden, 1 means all communication hidden behind compute.
 
 comm during backprop (from the timeline, MXNET_MPI_TIMELINE's recorder): the
 share of the step's MPI time that ran before the step's last gradient was
-ready, i.e. while backprop was still running. It shows whether the schedule
+ready, i.e. while backprop was still running. Steady step (the worker JSON's
+"steady", for cluster.py): the median time between two consecutive steps'
+ends of backward in one timed run; unlike the run's mean step it leaves out
+the pipeline filling at the run's start (its first step has no earlier
+communication to overlap). It shows whether the schedule
 overlaps, whatever the hardware makes of it (on a machine whose cores are all
 busy computing, overlapped communication still competes with compute).
 """
@@ -162,11 +166,36 @@ def worker(args: argparse.Namespace) -> None:
     nbytes = sum(p.grad().size * 4 for p in params)
     trace = timeline.dump(args.worker_json + ".trace.json", rank)
     hidden = comm_during_backprop(trace, windows)
+    steady = steady_steps(trace, windows)
     if rank == 0:
         with open(args.worker_json, "w") as f:
-            json.dump({"times": results, "hidden": hidden, "grad_bytes": nbytes,
+            json.dump({"times": results, "hidden": hidden, "steady": steady,
+                       "grad_bytes": nbytes,
                        "cpu_per_wall": cpu_all,
                        "nparams": len(params)}, f)
+
+
+def _probes(trace: str) -> list:
+    """The probe collectives of rank 0's timeline (one per training step,
+    ready when backward made the first layer's gradient)."""
+    with open(trace) as f:
+        return [e["args"] for e in json.load(f)["traceEvents"]
+                if e.get("cat") == "collective" and "key='probe'" in e["name"]]
+
+
+def steady_steps(trace: str, windows: dict) -> dict:
+    """Per timed configuration with probes: the median of the times (s)
+    between consecutive ends of backward within each timed run."""
+    probes = _probes(trace)
+    out = {}
+    for config, spans in windows.items():
+        gaps = []
+        for w0, w1 in spans:
+            ready = sorted(p["ready_us"] for p in probes if w0 <= p["enqueue_us"] <= w1)
+            gaps += [(b - a) / 1e6 for a, b in zip(ready, ready[1:])]
+        if gaps:
+            out[config] = statistics.median(gaps)
+    return out
 
 
 def comm_during_backprop(trace: str, windows: dict) -> dict:

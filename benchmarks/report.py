@@ -596,7 +596,7 @@ IMAGENET_TRAIN = 1_281_167   # images in ImageNet-1K's training set
 
 CLUSTER_KNOWN = ["link_gbit", "store", "ms_per_step", "compute_ms", "comm_ms", "grad_MB",
                  "chunk_bytes", "note", "bound_overlap_ms", "bound_serial_ms", "vs_bound",
-                 "vs_no_overlap", "hosts", "wire_ms", "cpu_per_wall"]
+                 "vs_no_overlap", "hosts", "wire_ms", "cpu_per_wall", "steady_ms"]
 # cluster.py's rows with equal compute (oneDNN off) and the columns they fill,
 # measured in each row's own process
 PAIR_STORES = ("mpi oneDNN off", "horovod", "horovod yield")
@@ -609,7 +609,7 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
     cols = list(rows[0])
     opt = {}
     for c, kind in (("vs_bound", "num?"), ("vs_no_overlap", "num?"), ("hosts", "num?"),
-                    ("wire_ms", "num?"), ("cpu_per_wall", "num?"),
+                    ("wire_ms", "num?"), ("cpu_per_wall", "num?"), ("steady_ms", "num?"),
                     *((c, "num?") for c in OWN_COLUMNS)):
         if c in cols:
             for r in rows:
@@ -647,20 +647,23 @@ def _cluster(ctx: Ctx, p: Path, meta: dict, targets: bool) -> list:
             "%g" % r["link_gbit"], store,
             "skipped" if r["ms_per_step"] is None else sig(r["ms_per_step"]),
             "" if vs is None else "%.2f" % vs, "" if spd is None else "%.2f" % spd]
+        if "steady_ms" in opt:
+            line.append(sig(r["steady_ms"]) if r["steady_ms"] is not None else "")
         if "cpu_per_wall" in opt:
             line.append("" if r["cpu_per_wall"] is None else "%.2f" % r["cpu_per_wall"])
         line.append(r.get("note", ""))
         line += [r[c] for c in extra]
         body.append(line)
-    head = sh + ["link Gb/s", "store", "ms/step", "vs max", "speed-up"] + (
+    steady = ["steady ms/step"] if "steady_ms" in opt else []
+    head = sh + ["link Gb/s", "store", "ms/step", "vs max", "speed-up"] + steady + (
         ["CPU/wall"] if "cpu_per_wall" in opt else []) + ["note"] + extra
     n = len(sh)
+    nums = len(steady) + ("cpu_per_wall" in opt)
     out = ["Per link (ms per step): compute alone, the default mode's allreduce of the "
            "gradients alone%s, and the two bounds." % (
                ", the wire time of those bytes at the link rate" if "wire_ms" in opt else ""), "",
            table(shead, summary, set(range(n, len(shead)))), "",
-           table(head, body, set(range(n + 2, n + 5)) | ({n + 5} if "cpu_per_wall" in opt
-                                                          else set())), ""]
+           table(head, body, set(range(n + 2, n + 5 + nums))), ""]
     if pair_rows:
         out += _cluster_pair(pair_rows, hosts)
     if targets:
@@ -765,6 +768,16 @@ def _cluster_targets(rows: list, mode: str | None, floor: dict | None = None) ->
     vmax = [ours[g] / max(bounds[g][0], bounds[g][1]) for g in groups]
     lines.append("- step at most 1.10x max(compute, comm): %s (%s);"
                  % (verdict([v <= 1.10 for v in vmax]), ", ".join("%.2fx" % v for v in vmax)))
+    steady = [(at("mpi", g) or {}).get("steady_ms") for g in groups]
+    if all(x is not None for x in steady):
+        vs = [x / max(bounds[g][:2]) for g, x in zip(groups, steady)]
+        lines.append("  once the pipeline is full (*steady ms/step*: the median time between "
+                     "two consecutive steps' ends of backward; the mean step above also "
+                     "holds each timed run's first step, which has no earlier communication "
+                     "to overlap): %s (%s ms, %s max(compute, comm));" % (
+                         verdict([v <= 1.10 for v in vs]),
+                         ", ".join(sig(x) for x in steady),
+                         ", ".join("%.2fx" % v for v in vs)))
     alone = [(at("compute only", g) or {}).get("cpu_per_wall") for g in groups]
     if all(c is not None for c in cpu) and all(a is not None and a >= 0.9 for a in alone):
         # each host had a core of its own (compute alone used it), which

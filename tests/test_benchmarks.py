@@ -1,5 +1,6 @@
 """benchmarks/allreduce.py --quick runs every contender and reports every size;
-benchmarks/epoch_time.py runs end to end on a tiny configuration.
+benchmarks/epoch_time.py runs end to end on a tiny configuration; overlap.py's
+steady step reads the timeline as its doc says.
 
 Each contender checks one allreduce result before timing (a wrong sum fails
 the run), so a complete CSV also means every store summed correctly.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -67,3 +69,26 @@ def test_epoch_time_smoke(tmp_path):
         assert abs(float(r["scaling_efficiency"]) * int(r["ranks"]) * float(rows[0][
             "images_per_sec"]) - ips) < 1e-6 * ips
     assert (tmp_path / "epoch_time.png").stat().st_size > 0
+
+
+def test_steady_step_is_the_median_gap_between_ends_of_backward_within_each_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from overlap import steady_steps
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def probe(enqueue_us, ready_us, key="probe"):
+        return {"cat": "collective", "name": "allreduce key='%s' shape=(1,)" % key,
+                "args": {"enqueue_us": enqueue_us, "ready_us": ready_us}}
+    # two timed runs of one config: ends of backward 100 ms apart, then 300
+    # (the gap between the runs, 5 s, is no step); another key is no probe
+    events = [probe(0, 10_000), probe(1_000, 110_000), probe(2_000, 210_000),
+              probe(3_000, 100_000, key="g0"),
+              probe(5_000_000, 5_010_000), probe(5_001_000, 5_310_000),
+              probe(9_000_000, 9_010_000), probe(9_001_000, 9_050_000)]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    got = steady_steps(str(trace), {"funneled": [(0, 3_000), (5_000_000, 5_002_000)],
+                                    "baseline": [(9_000_000, 9_000_500)]})
+    assert got == {"funneled": 0.1}   # median of 0.1, 0.1, 0.3 s; one probe: none
