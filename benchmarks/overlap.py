@@ -18,13 +18,14 @@ nothing hidden, 1 means all communication hidden behind compute.
 
 comm during backprop (from the timeline, MXNET_MPI_TIMELINE's recorder): the
 share of the step's MPI time that ran before the step's last gradient was
-ready, i.e. while backprop was still running. Steady step (the worker JSON's
-"steady", for cluster.py): the median time between two consecutive steps'
-ends of backward in one timed run; unlike the run's mean step it leaves out
-the pipeline filling at the run's start (its first step has no earlier
-communication to overlap). It shows whether the schedule
+ready, i.e. while backprop was still running. It shows whether the schedule
 overlaps, whatever the hardware makes of it (on a machine whose cores are all
 busy computing, overlapped communication still competes with compute).
+
+steady step (the worker JSON's "steady", for cluster.py): the median time
+between two consecutive steps' ends of backward in one timed run; unlike the
+run's mean step it leaves out the pipeline filling at the run's start (its
+first step has no earlier communication to overlap).
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ def test_report_takes_new_columns_and_csvs(results, tmp_path):
     """Columns a table does not know, and CSVs no section knows, are shown, not refused."""
     cluster = results / "cluster.csv"
     lines = cluster.read_text().splitlines()
-    # cluster.py writes hosts, wire_ms and cpu_per_wall itself; "spare" is new
-    assert "hosts" in lines[0] and "cpu_per_wall" in lines[0]
+    # cluster.py writes hosts, wire_ms, steady_ms and cpu_per_wall itself; "spare" is new
+    assert "hosts" in lines[0] and "cpu_per_wall" in lines[0] and "steady_ms" in lines[0]
     lines[0] += ",spare"
     lines[1:] = [ln + ",x%d" % i for i, ln in enumerate(lines[1:])]
     cluster.write_text("\n".join(lines) + "\n")
@@ -104,13 +104,13 @@ def test_report_takes_new_columns_and_csvs(results, tmp_path):
     r = report("--results", str(results), "--out", str(out), "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     page = out.read_text()
-    assert "| hosts | link Gb/s | store | ms/step | vs max | speed-up | CPU/wall | note | spare |" \
-        in page
+    assert ("| hosts | link Gb/s | store | ms/step | vs max | speed-up | steady ms/step | "
+            "CPU/wall | note | spare |") in page
     # the default store's first row, with its new column, whatever the figures
     rows = list(csv.DictReader(io.StringIO(cluster.read_text())))
     first = next(i for i, r in enumerate(rows) if r["store"] == "mpi")
     assert re.search(r"\| 2 \| [\d.]+ \| mpi \(default mode\) \| [\d,]+ \| [\d.]+ \| "
-                     r"[\d.]+ \| [\d.]+ \|  \| x%d \|" % first, page), page[:3000]
+                     r"[\d.]+ \| [\d,.]+ \| [\d.]+ \|  \| x%d \|" % first, page), page[:3000]
     assert "wire time" in page and "%.0f" % float(rows[first]["wire_ms"]) in page
     assert "### `linkcheck.csv`" in page and "| veth0 | 1.98 |" in page
     assert "### `other.csv`" in page and "prterun noticed" in page
