@@ -166,8 +166,9 @@ def worker(args: argparse.Namespace) -> None:
     cpu_all = {n: vals[i * size:(i + 1) * size] for i, n in enumerate(names)}
     nbytes = sum(p.grad().size * 4 for p in params)
     trace = timeline.dump(args.worker_json + ".trace.json", rank)
-    hidden = comm_during_backprop(trace, windows)
-    steady = steady_steps(trace, windows)
+    events = collectives(trace)
+    hidden = comm_during_backprop(events, windows)
+    steady = steady_steps(events, windows)
     if rank == 0:
         with open(args.worker_json, "w") as f:
             json.dump({"times": results, "hidden": hidden, "steady": steady,
@@ -176,18 +177,19 @@ def worker(args: argparse.Namespace) -> None:
                        "nparams": len(params)}, f)
 
 
-def _probes(trace: str) -> list:
-    """The probe collectives of rank 0's timeline (one per training step,
-    ready when backward made the first layer's gradient)."""
+def collectives(trace: str) -> list:
+    """The collectives of a timeline file: each event's args and its name."""
     with open(trace) as f:
-        return [e["args"] for e in json.load(f)["traceEvents"]
-                if e.get("cat") == "collective" and "key='probe'" in e["name"]]
+        return [dict(e["args"], name=e["name"]) for e in json.load(f)["traceEvents"]
+                if e.get("cat") == "collective"]
 
 
-def steady_steps(trace: str, windows: dict) -> dict:
+def steady_steps(events: list, windows: dict) -> dict:
     """Per timed configuration with probes: the median of the times (s)
-    between consecutive ends of backward within each timed run."""
-    probes = _probes(trace)
+    between consecutive ends of backward (the probe collective, one per
+    training step, is ready when backward made the first layer's gradient)
+    within each timed run."""
+    probes = [e for e in events if "key='probe'" in e["name"]]
     out = {}
     for config, spans in windows.items():
         gaps = []
@@ -199,13 +201,10 @@ def steady_steps(trace: str, windows: dict) -> dict:
     return out
 
 
-def comm_during_backprop(trace: str, windows: dict) -> dict:
+def comm_during_backprop(events: list, windows: dict) -> dict:
     """Per timed configuration: the share of MPI time spent while backprop was
     still running, i.e. between the push of the step's collectives and the
     moment the last gradient was ready (the probe collective's ready time)."""
-    with open(trace) as f:
-        events = [dict(e["args"], name=e["name"]) for e in json.load(f)["traceEvents"]
-                  if e.get("cat") == "collective"]
     out = {}
     for config, spans in windows.items():
         evs = [e for e in events if any(w0 <= e["enqueue_us"] <= w1 for w0, w1 in spans)]

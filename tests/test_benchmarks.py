@@ -74,7 +74,7 @@ def test_epoch_time_smoke(tmp_path):
 def test_steady_step_is_the_median_gap_between_ends_of_backward_within_each_run(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        from overlap import steady_steps
+        from overlap import collectives, steady_steps
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
 
@@ -89,6 +89,7 @@ def test_steady_step_is_the_median_gap_between_ends_of_backward_within_each_run(
               probe(9_000_000, 9_010_000), probe(9_001_000, 9_050_000)]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    got = steady_steps(str(trace), {"funneled": [(0, 3_000), (5_000_000, 5_002_000)],
-                                    "baseline": [(9_000_000, 9_000_500)]})
+    windows = {"funneled": [(0, 3_000), (5_000_000, 5_002_000)],
+               "baseline": [(9_000_000, 9_000_500)]}
+    got = steady_steps(collectives(str(trace)), windows)
     assert got == {"funneled": 0.1}   # median of 0.1, 0.1, 0.3 s; one probe: none
