@@ -37,7 +37,9 @@ compute-only row's CPU time / wall time shows whether each rank had a core.
    with its own compute-only and comm-only times, its CPU while communicating
    and its library threads' CPU during compute (the own_* and
    lib_cpu_in_compute columns; without Horovod, skipped rows), the three in
-   ``--rounds`` alternating rounds, medians; ps-lite
+   ``--rounds`` alternating rounds, medians (a Horovod round that crashes or
+   hangs is left out and named in the row's note; our store's never is);
+   ps-lite
    ``dist_sync`` with its server on host N, and with more than 2 hosts (or
    ``--server-per-host``) ``dist_sync 1/host``: one server on each worker's
    host.
@@ -286,12 +288,17 @@ def horovod_installed() -> str | None:
     return probe.stdout.strip() or "?"
 
 
+#: Seconds a Horovod or partner run may take (about 10-40 s when it works).
+PEER_TIMEOUT_S = 300
+
+
 def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: str,
                       extra_env: dict | None = None) -> dict:
     """Horovod's DistributedTrainer (`kind` "horovod") or our default store
     (`kind` "mpi") on hosts 0 and 1, by this file's own worker with one timing
     loop, oneDNN off and the same Open MPI settings for both:
-    {'step', 'compute'} in seconds."""
+    {'step', 'compute'} in seconds, or for Horovod's worker {'failed': why}
+    when it crashed or hung."""
     from mxnet_mpi import transport
 
     cmd = cluster.mpirun(args.hosts, [sys.executable, __file__, "--worker", kind,
@@ -306,7 +313,19 @@ def equal_compute_run(cluster, args: argparse.Namespace, out_json: Path, kind: s
     env = dict(job_env(cluster), MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
     transport.apply(env)
     env.update(extra_env or {})
-    subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=600)
+    out_json.unlink(missing_ok=True)
+    try:
+        subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=PEER_TIMEOUT_S)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        if kind == "mpi":
+            raise   # our own store failing is a defect, never a missing row
+        # Horovod's worker crashed or hung (seen once: a segfault, then a hang
+        # of its peer): this round is lost, the run goes on without its ranks
+        for h in range(args.hosts):
+            cluster.kill_host(h)
+        return {"failed": ("timed out after %d s" % PEER_TIMEOUT_S
+                           if isinstance(exc, subprocess.TimeoutExpired)
+                           else "exit %d" % exc.returncode)}
     return json.loads(out_json.read_text())
 
 
@@ -443,7 +462,13 @@ def drive(args: argparse.Namespace) -> None:
                             cluster, args, outdir / ("cluster_%s_%g.json" % (kind, rate)),
                             kind, extra))
                 for store, _kind, extra in EQUAL_COMPUTE:
-                    eq = median_run(runs[store])
+                    done = [r for r in runs[store] if "failed" not in r]
+                    failed = "".join("; round %d failed (%s)" % (i + 1, r["failed"])
+                                     for i, r in enumerate(runs[store]) if "failed" in r)
+                    if not done:
+                        row(store, None, skipped=True, note="every round failed" + failed)
+                        continue
+                    eq = median_run(done)
                     c = eq["cpu_per_wall"]
                     row(store, eq["step"], cpu_value=c["step"],
                         own={"own_compute_ms": eq["compute"] * 1e3,
@@ -453,10 +478,11 @@ def drive(args: argparse.Namespace) -> None:
                         note="oneDNN off (equal compute with Horovod)%s; medians of %d "
                         "alternating rounds (steps %s ms); in its own process: "
                         "compute only %.0f ms (the library's threads %.2f of a core meanwhile), "
-                        "comm only %.0f ms (CPU/wall %.2f)"
-                        % ("".join(", %s=%s" % kv for kv in extra.items()), len(runs[store]),
-                           "/".join("%.0f" % (r["step"] * 1e3) for r in runs[store]),
-                           eq["compute"] * 1e3, c["compute_lib"], eq["comm"] * 1e3, c["comm"]))
+                        "comm only %.0f ms (CPU/wall %.2f)%s"
+                        % ("".join(", %s=%s" % kv for kv in extra.items()), len(done),
+                           "/".join("%.0f" % (r["step"] * 1e3) for r in done),
+                           eq["compute"] * 1e3, c["compute_lib"], eq["comm"] * 1e3, c["comm"],
+                           failed))
             ps = pslite_run(cluster, args, outdir / ("cluster_ps_%g.json" % rate))
             row("dist_sync", ps["step"], note="server on host %d" % args.hosts)
             if args.hosts > 2 or args.server_per_host:
