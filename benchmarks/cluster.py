@@ -78,7 +78,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from linkcheck import check_link, print_check, wire_ms  # noqa: E402
-from meta import code_version, command_line  # noqa: E402
+from meta import code_version, command_line, engine_settings  # noqa: E402
 
 from _mxnet_mpi_autoload import (  # noqa: E402
     AGGREGATION_VAR,
@@ -379,8 +379,8 @@ def drive(args: argparse.Namespace) -> None:
     with netns.NetnsCluster(args.hosts + 1, cpus=cpus) as cluster:
         binding = cluster.binding()
         env = job_env(cluster)
-        engine = "segments of %d op(s) forward, %d backward; %s parameter(s) per SGD update" % (
-            forward_segment_ops(env), backward_segment_ops(env), env.get(AGGREGATION_VAR, "4"))
+        engine = engine_settings(forward_segment_ops(env), backward_segment_ops(env),
+                                 env.get(AGGREGATION_VAR, "4"))
         print("binding: %s; transport: %s; MXNet %s; load average %s"
               % (binding, transport.describe(cluster.env()), engine, loads[0]), flush=True)
         grad_bytes = None

@@ -85,6 +85,12 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [Path(sys.executable).name] + sys.argv)
 
 
+def engine_settings(fwd_ops, bwd_ops, update_group) -> str:
+    """MXNet's engine settings a run had, as its note states them."""
+    return "segments of %s op(s) forward, %s backward; %s parameter(s) per SGD update" % (
+        fwd_ops, bwd_ops, update_group)
+
+
 def default_mode() -> str | None:
     """The package's default mode, read from its source (no import of MXNet)."""
     for p in sorted((ROOT / "mxnet_mpi").glob("*.py")):

@@ -56,7 +56,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from meta import write_meta  # noqa: E402
+from meta import engine_settings, write_meta  # noqa: E402
 
 
 def size_arg(text: str) -> int:
@@ -311,9 +311,8 @@ def drive(args: argparse.Namespace) -> None:
     facts["seconds"] = round(time.time() - t_start)
     facts["default_budget"] = budget_name(res["default_budget"])
     fwd, bwd = res["segments"]["compute"]
-    facts["engine"] = ("segments of %s op(s) forward, %s backward, %d parameter(s) per update "
-                       "where the config names no segments"
-                       % (fwd, bwd, res["update_group"]["compute"]))
+    facts["engine"] = (engine_settings(fwd, bwd, res["update_group"]["compute"])
+                       + " where the config names no segments")
     write_outputs(rows, outdir, facts)
 
 
