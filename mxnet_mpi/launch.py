@@ -14,7 +14,8 @@ Every child runs in its own session. When mpirun succeeds, the servers get a
 few seconds to stop by themselves (they do once the workers closed their
 stores) and are then stopped. When any process fails, or on SIGINT/SIGTERM,
 everything is torn down (SIGTERM, then SIGKILL to every process left in the
-children's sessions) and the launcher exits non-zero.
+children's sessions) and the launcher exits non-zero; the session directory of
+an mpirun killed that way is removed (remove_session_dir).
 
 Ranks run through the runner report their start (with their host) and their
 end to this process (``MXNET_MPI_REPORT``; mxnet_mpi.report, launch_watch).
@@ -42,6 +43,7 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -146,6 +148,8 @@ class Child:
         self.proc = subprocess.Popen(wrapped, env=env, stdout=out, stderr=err,
                                      start_new_session=True)
         self.pid = self.proc.pid
+        self.env = env
+        self.killed_at: float | None = None   # when SIGKILL found it still running
         self.lost_hosts: list = []
         self.thread = self.thread2 = None
         if prefix_output:
@@ -201,6 +205,8 @@ class Child:
     def kill_session(self) -> None:
         """SIGKILL every process still in the child's session (mpirun's ranks
         run in process groups of their own, but in its session)."""
+        if self.poll() is None and self.killed_at is None:
+            self.killed_at = time.time()
         for pid in _session_members(self.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -225,10 +231,33 @@ def teardown(children: list, grace: float) -> None:
             c.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log("%s (pid %d) did not die" % (c.name, c.pid))
+            continue
+        if c.name == "mpirun" and c.killed_at is not None:
+            remove_session_dir(c.pid, c.env, c.killed_at)
     for c in children:
         for thread in (c.thread, getattr(c, "thread2", None)):
             if thread is not None:
                 thread.join(timeout=2)
+
+
+def remove_session_dir(pid: int, env: dict, killed_at: float) -> bool:
+    """Remove the session directory (<tmp>/ompi.<pid>) of an mpirun that had to
+    be killed, which it would have removed at its own end: while it is there, a
+    later mpirun that gets the same pid fails to start. Only a directory of this
+    user's, unchanged since `killed_at` (a new process with that pid would make
+    a new one). Returns whether one was removed."""
+    # where Open MPI's mpirun (PRRTE) puts it: the first of these variables set
+    tmp = env.get("TMPDIR") or env.get("TEMP") or env.get("TMP") or "/tmp"
+    path = os.path.join(tmp, "ompi.%d" % pid)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid() \
+            or st.st_ctime > killed_at:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.exists(path)
 
 
 # Interpreter options that take no argument (may be combined: -uB), and those

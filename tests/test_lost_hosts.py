@@ -6,11 +6,13 @@ an unreachable one; the launcher must end the job, non-zero, naming the host."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
 
 import pytest
+from launching import pids_of
 from mpirun import SCRIPTS
 from netns_cluster import ClusterJob, needs_netns, wait_no_procs
 
@@ -100,6 +102,10 @@ def test_cable_pulled_for_good_under_the_launcher(cluster):
         unreachable = re.search(r"host (\S+): rank 1 never reported its end: its host is "
                                 r"unreachable", out)
         assert unreachable and unreachable.group(1) == cluster.hosts[1], out[-3000:]
+        # mpirun, killed, left its session directory, which the launcher removed
+        # (a later mpirun with its pid would fail to start)
+        assert "stopping every process" in out
+        assert not os.path.exists("/tmp/ompi.%d" % pids_of(out)["mpirun"])
     finally:
         cluster.link(1, up=True)
         job.kill()

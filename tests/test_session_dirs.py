@@ -85,3 +85,24 @@ def test_a_running_jobs_directory_is_kept():
         os.killpg(job.pid, signal.SIGTERM)   # mpirun ends the job and removes it
         job.wait(timeout=30)
     assert not mine.exists()
+
+
+def test_the_launcher_removes_what_its_killed_mpirun_left_and_nothing_newer(tmp_path):
+    from mxnet_mpi.launch import remove_session_dir
+
+    left = left_by_a_killed_job()
+    killed_at = time.time()
+    try:
+        # made after the kill: another process's with the same pid, kept
+        assert not remove_session_dir(int(left.name[5:]), {}, killed_at - 60) and left.is_dir()
+        assert remove_session_dir(int(left.name[5:]), {"TMPDIR": "/tmp"}, killed_at)
+        assert not left.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+    # mpirun's TMPDIR is where it looks; a file of that name is not a session directory
+    (tmp_path / "ompi.7").mkdir()
+    (tmp_path / "ompi.8").write_text("")
+    assert not remove_session_dir(7, {}, time.time())
+    assert remove_session_dir(7, {"TMPDIR": str(tmp_path)}, time.time())
+    assert not remove_session_dir(8, {"TMPDIR": str(tmp_path)}, time.time())
+    assert (tmp_path / "ompi.8").is_file()
