@@ -294,6 +294,27 @@ def sec_allreduce(ctx: Ctx) -> str | None:
     return "\n".join(out)
 
 
+LARGE_CALL_LIMIT = 1.10   # per call, from 4 MB on, the default mode: at most this x raw MPI
+
+
+def _large_call_verdict(ctx: Ctx, v: dict, sizes: list) -> list:
+    """The per-call target from 4 MB on (the default mode), read from the table,
+    with the other modes' worst ratios beside it."""
+    big = [b for b in sizes if b >= 4 << 20 and (b, "mpi4py") in v]
+    ratio = {m: {b: v[b, m] / v[b, "mpi4py"] for b in big if (b, m) in v} for m in MODES}
+    if not ratio.get(ctx.default):
+        return []
+    mine = ratio[ctx.default]
+    others = ["%s at most %.2fx" % (m, max(ratio[m].values()))
+              for m in MODES if m != ctx.default and ratio[m]]
+    return ["From %s on, the target for the default mode, at most %.2fx raw MPI per call, "
+            "is %s (%s: %s)%s." % (
+                size(big[0]), LARGE_CALL_LIMIT,
+                "met" if max(mine.values()) <= LARGE_CALL_LIMIT else "missed", ctx.default,
+                ", ".join("%.3fx at %s" % (mine[b], size(b)) for b in big),
+                "; the other modes: " + ", ".join(others) if others else ""), ""]
+
+
 def _overhead(ctx: Ctx, p: Path, rows: list, meta: dict) -> list:
     out = []
     calls = [r for r in rows if r["part"] == "calls"]
@@ -326,6 +347,7 @@ def _overhead(ctx: Ctx, p: Path, rows: list, meta: dict) -> list:
                     % (size(small), span([v[small, m] for m in MODES], unit=" µs"),
                        sig(v[small, "engine"]), sig(target),
                        "met in every mode" if worst <= target else "missed"), ""]
+        out += _large_call_verdict(ctx, v, sizes)
     trainer = {r["what"]: r["value"] for r in rows if r["part"] == "trainer"}
     if "plan" in trainer and "per_key" in trainer:
         out += ["`Trainer.step`'s gradient reduction, Python-thread time per step (%s): "
