@@ -10,9 +10,15 @@ apart. Our stores apply one rule on every rank instead::
 
 When every rank passes the same ``b``, ``mean_b`` is exactly ``b`` (an integer
 sum divided by the number of ranks), so the numbers are bit for bit those of
-one rank dividing by its own ``b``. The batch sizes travel as a 2-element
-part ``[b, 1]`` of a collective the step makes anyway (or a collective of
-their own, docs/store.md); a rank that has joined adds zeros to both.
+one rank dividing by its own ``b``. The batch sizes travel as part
+``[b, 1, d_0, ..., d_31]`` of a collective the step makes anyway (or a
+collective of their own, docs/store.md); a rank that has joined adds zeros.
+
+``d_i`` are the bits of a 32-bit digest of the rank's optimizer settings
+(optimizer_settings.py). Summed over the m ranks that took part, each is 0 or
+m when every rank holds the same digest, and only then: any other sum means
+the optimizers differ, and every rank sees the same sums, so every rank
+raises at the same step (exact in float32 up to 2**24 ranks).
 """
 
 from __future__ import annotations
@@ -23,43 +29,66 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
 
-from . import _native
+from . import _native, optimizer_settings, world
 from .collectives import Call
+from .errors import MPIKVStoreError
 
 #: What the separate collective of the batch sizes is called in messages.
 NAME = "the batch sizes"
+#: Bits of the optimizer settings' digest that ride with the batch sizes.
+DIGEST_BITS = 32
+#: Elements of the array: [batch size, 1, digest bits...].
+SIZE = 2 + DIGEST_BITS
 
 
 class BatchSizes:
-    """A host array ``[this rank's batch size, 1]`` that an allreduce turns
-    into ``[sum of the batch sizes, ranks that took part]``. Built once and
-    reused every step; written and read through its memory (no engine op),
-    which is safe because each use waits for the previous sum first."""
+    """A host array ``[this rank's batch size, 1, digest bits]`` that an
+    allreduce turns into ``[sum of the batch sizes, ranks that took part,
+    sums of the bits]``. Built once and reused every step; written and read
+    through its memory (no engine op), which is safe because each use waits
+    for the previous sum first."""
 
     def __init__(self, dtype="float64") -> None:
         self.dtype = np.dtype(dtype)
-        self.array = mx.nd.zeros((2,), dtype=self.dtype)
+        self.array = mx.nd.zeros((SIZE,), dtype=self.dtype)
         self.array.wait_to_read()
         ptr = ctypes.c_void_p()
         check_call(_LIB.MXNDArrayGetData(self.array.handle, ctypes.byref(ptr)))
         ctype = ctypes.c_float if self.dtype == np.float32 else ctypes.c_double
-        self._view = np.ctypeslib.as_array((ctype * 2).from_address(ptr.value))
+        self._view = np.ctypeslib.as_array((ctype * SIZE).from_address(ptr.value))
         self._pending = False
+        self._settings = ""
+        self._what = ""
 
-    def fill(self, batch_size) -> None:
-        """This rank's batch size, before the allreduce that sums it is pushed."""
+    def fill(self, batch_size, settings: str = "", what: str = "") -> None:
+        """This rank's batch size and optimizer settings (optimizer_settings.
+        describe; "" for none), before the allreduce that sums them is pushed;
+        `what` names the step in the error when the settings differ."""
         if self._pending:
             self.array.wait_to_read()   # the previous sum is still in flight
+        d = optimizer_settings.digest(settings, DIGEST_BITS)
         self._view[0] = batch_size
         self._view[1] = 1
+        self._view[2:] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
+        self._settings, self._what = settings, what
         self._pending = True
 
     def _read(self) -> tuple:
         """(sum of batch sizes, ranks that took part); waits for the allreduce
-        and raises its error, if it failed."""
+        and raises its error, if it failed, or an error when the ranks'
+        optimizer settings differ."""
         self.array.wait_to_read()
         self._pending = False
-        return float(self._view[0]), float(self._view[1])
+        ranks = float(self._view[1])
+        bits = self._view[2:]
+        if np.any((bits != 0) & (bits != ranks)):
+            raise MPIKVStoreError(
+                "mxnet_mpi: %sthe ranks' optimizer settings differ, so their weights would "
+                "drift apart (each rank updates its own copy); make them the same on every "
+                "rank. This rank (%s) has: %s" % (
+                    self._what + ": " if self._what else "", _rank_text(),
+                    self._settings or "no optimizer"))
+        return float(self._view[0]), ranks
 
     def mean(self) -> float:
         """The mean batch size of the ranks that took part (the rule's divisor)."""
@@ -70,10 +99,12 @@ class BatchSizes:
         """The sum of the batch sizes over the ranks that took part."""
         return self._read()[0]
 
-    def push(self, stream, batch_size, context: bytes | None = None) -> BatchSizes:
-        """Sum `batch_size` over the ranks of `stream` (a collectives.Stream) by
-        an allreduce of its own; `context` names it in messages."""
-        self.fill(batch_size)
+    def push(self, stream, batch_size, context: bytes | None = None,
+             settings: str = "") -> BatchSizes:
+        """Sum `batch_size` (and compare `settings`, see fill) over the ranks of
+        `stream` (a collectives.Stream) by an allreduce of its own; `context`
+        names it in messages."""
+        self.fill(batch_size, settings, context.decode(errors="replace") if context else "")
         stream.push([self.call()], context)
         return self
 
@@ -81,5 +112,13 @@ class BatchSizes:
         """The allreduce of these batch sizes alone (flags 0: never averaged or
         compressed)."""
         return Call(_native.ALLREDUCE, [self.array], [self.array], dtype=self.dtype,
-                    shapes=[(2,)], desc="allreduce of the batch sizes %s" % self.dtype,
+                    shapes=[(SIZE,)], desc="allreduce of the batch sizes %s" % self.dtype,
                     label=NAME, name=NAME, priority=priority)
+
+
+def _rank_text() -> str:
+    """'rank R of N' in the world, for messages."""
+    try:
+        return "rank %d of %d" % (world.rank(), world.size())
+    except Exception:   # noqa: BLE001 - a message must not fail
+        return "this rank"

@@ -36,6 +36,7 @@ from .batch_sizes import BatchSizes
 from .collectives import check_array, stream_for
 from .errors import MPIKVStoreError
 from .modes import create_stream
+from .optimizer_settings import describe
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
 from .world import local_rank as _local_rank
@@ -897,7 +898,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         entry = _where(self._process_set, "DistributedTrainer")
         self._agreed = self._batch_sizes.push(
             stream_for(None) if entry is None else entry.stream, batch_size,
-            ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode())
+            ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
+            describe(self._optimizer))
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1

@@ -270,20 +270,22 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         self._server_init(keys, vals)
 
     def allreduce_params(self, params, update_on_kvstore: bool, batch_size=None,
-                         what: str | None = None):
+                         what: str | None = None, settings: str = ""):
         """Trainer's step, in phases that keep every MPI collective of the step
         ahead of the broadcasts waiting on the servers: dense group allreduces
         (last parameter first, as backprop makes them ready) and their pushes,
         then row_sparse gathers and pushes, then pulls and group broadcasts.
         With `batch_size` (local updates: the servers return sums), the batch
-        sizes are summed over the world first; returns them."""
+        sizes are summed over the world first (the optimizer `settings`
+        compared); returns them."""
         if not update_on_kvstore and self._optimizer is not None:
             # the servers would return updated weights where the Trainer reads sums
             raise MPIKVStoreError("kvstore '%s' already runs an optimizer on its servers "
                                   "(set_optimizer, or a Trainer with update_on_kvstore=True): "
                                   "a Trainer with update_on_kvstore=False needs a store whose "
                                   "servers only sum" % self.type)
-        agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
+        agreed = (self.batch_agreement(batch_size, what, settings)
+                  if batch_size is not None else None)
         with self.serving(what):
             self._allreduce_phases(params, update_on_kvstore)
         return agreed

@@ -23,6 +23,7 @@ from mxnet.kvstore import KVStoreBase
 from .consistency import PeriodicCheck
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
+from .optimizer_settings import describe, describe_params
 from .world import wait_queued_ops
 
 _applied = False
@@ -157,7 +158,7 @@ def _patch_trainer() -> None:
         if not self._update_on_kvstore:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"
-                % getattr(self, "_mxmpi_count", 0))
+                % getattr(self, "_mxmpi_count", 0), describe(self._optimizer))
         try:
             return orig_public_update(self, batch_size, ignore_stale_grad)
         finally:
@@ -171,7 +172,8 @@ def _patch_trainer() -> None:
         batch = None if uok else getattr(self, "_mxmpi_batch", None)
         what = "%s %d: gradient allreduce" % (getattr(self, "_mxmpi_call", "Trainer.step"),
                                               getattr(self, "_mxmpi_count", 0))
-        agreed = kv.allreduce_params(self._params, uok, batch, what)
+        agreed = kv.allreduce_params(self._params, uok, batch, what,
+                                     describe(self._optimizer) if batch is not None else "")
         if agreed is not None:
             self._mxmpi_agreed = agreed
 
@@ -231,7 +233,8 @@ def _patch_module() -> None:
             optimizer_params = dict(optimizer_params)
             if "rescale_grad" not in optimizer_params:
                 total = kv.batch_agreement(self._exec_group.batch_size,
-                                           "Module.init_optimizer: sum of bound batch sizes"
+                                           "Module.init_optimizer: sum of bound batch sizes",
+                                           describe_params(optimizer, optimizer_params)
                                            ).total()
                 optimizer_params["rescale_grad"] = 1.0 / total
         return orig_init_optimizer(self, kvstore=kv if kv is not None else kvstore,

@@ -47,15 +47,17 @@ class FrameworkGlue:
         for key, name in names.items():
             self._keys.set_name(key, name)
 
-    def batch_agreement(self, batch_size, what: str | None = None) -> BatchSizes:
+    def batch_agreement(self, batch_size, what: str | None = None,
+                        settings: str = "") -> BatchSizes:
         """Push the allreduce of this rank's `batch_size` over every worker of
         the store (collective); read the result with .mean() or .total()
-        (docs/store.md, "Batch sizes")."""
+        (docs/store.md, "Batch sizes"), which raise if the ranks' optimizer
+        `settings` (optimizer_settings.describe) differ."""
         self._usable()
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
         return self._batch_sizes.push(self._workers_stream(), batch_size,
-                                      what.encode() if what else self._context)
+                                      what.encode() if what else self._context, settings)
 
     def _workers_stream(self):
         """The stream over every worker (num_workers) of the store."""
@@ -86,7 +88,7 @@ class FrameworkGlue:
             self.broadcast(key, arrays[0], out=arrays)
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
-                         what: str | None = None) -> BatchSizes | None:
+                         what: str | None = None, settings: str = "") -> BatchSizes | None:
         """Trainer's gradient reduction, issued last parameter first: backprop
         makes gradients ready from the output layer back, so collectives follow
         readiness instead of waiting for the input layer. Built once, then one
@@ -94,14 +96,16 @@ class FrameworkGlue:
 
         With `batch_size`, the batch sizes are summed too (on the first
         collective that can carry them, or one of their own pushed first):
-        returns them, for the rule's mean. `what` names the call in messages."""
+        returns them, for the rule's mean, with the ranks' optimizer `settings`
+        compared. `what` names the call in messages."""
         self._usable()
         self._reductions += 1
         context = what.encode() if what else None
         if self._updater is None and not update_on_kvstore \
-                and self._plan.push(params, batch_size, context):
+                and self._plan.push(params, batch_size, context, settings):
             return self._plan.batch_sizes if batch_size is not None else None
-        agreed = self.batch_agreement(batch_size, what) if batch_size is not None else None
+        agreed = (self.batch_agreement(batch_size, what, settings)
+                  if batch_size is not None else None)
         groups = []
         for i in reversed(range(len(params))):
             param = params[i]

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _native, modes, staging
 from ._native import CallDesc
-from .batch_sizes import NAME, BatchSizes
+from .batch_sizes import NAME, SIZE, BatchSizes
 from .collectives import Call
 from .errors import MPIKVStoreError
 
@@ -44,11 +44,13 @@ class TrainerPlan:
         """Settings changed (averaging, compression): build afresh next step."""
         self._fingerprint = None
 
-    def push(self, params, batch_size=None, context: bytes | None = None) -> bool:
+    def push(self, params, batch_size=None, context: bytes | None = None,
+             settings: str = "") -> bool:
         """Push the allreduce of `params`' gradients (and with `batch_size`, the
-        sum of the ranks' batch sizes into self.batch_sizes); False if they
-        cannot use a plan (several devices, device arrays, sparse): the caller
-        takes the general path. `context` names the call in messages."""
+        sum of the ranks' batch sizes into self.batch_sizes, compared with the
+        optimizer `settings`); False if they cannot use a plan (several
+        devices, device arrays, sparse): the caller takes the general path.
+        `context` names the call in messages."""
         live = [(i, params[i]) for i in reversed(range(len(params)))
                 if params[i].grad_req != "null"]
         grads = [p._grad for _, p in live]
@@ -60,7 +62,8 @@ class TrainerPlan:
         if batch_size is None:
             self._store.stream.push_raw(self._array, len(self._calls), context)
         else:
-            self.batch_sizes.fill(batch_size)
+            self.batch_sizes.fill(batch_size, settings,
+                                  context.decode(errors="replace") if context else "")
             self._store.stream.push_raw(self._batch_array, len(self._batch_calls), context)
         return True
 
@@ -146,7 +149,7 @@ class TrainerPlan:
             desc = "allreduce keys=%s shapes=%s %s" % (keys, tuple(shapes), np.dtype(dtype))
             label = "keys %s" % (keys,)
         if batch_sizes is not None:
-            grads, shapes = grads + [batch_sizes.array], shapes + [(2,)]
+            grads, shapes = grads + [batch_sizes.array], shapes + [(SIZE,)]
             desc += " and " + NAME
             name = (name + " and " if name else "") + NAME
         return Call(_native.ALLREDUCE, grads, grads, dtype=dtype, shapes=shapes, desc=desc,

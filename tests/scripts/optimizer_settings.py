@@ -1,0 +1,169 @@
+"""Ranks whose optimizer settings differ end with an error at the step the
+difference appears, on every rank, naming each rank's settings; ranks whose
+settings agree train on, bit-identical.
+
+  mpirun -np 2 python optimizer_settings.py MODE OUTDIR SECTION[,SECTION...]
+
+Each "differ" section gives rank 1 (only) another setting and expects
+MPIKVStoreError from the step that applies it, with the step's name and this
+rank's own value in the message; the "same" sections train with equal,
+non-default settings (a scheduler, multipliers) and record a digest of the
+weights, which the test compares across ranks. Writes rank<r>.json
+(tests/scripts/_common.py Results).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import mxnet as mx
+import numpy as np
+from _common import Results
+
+import mxnet_mpi
+
+MODE, OUTDIR, SECTIONS = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
+OTHER = RANK == 1          # the rank given another setting in the "differ" sections
+SAME = {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01}
+digests: dict = {}
+
+
+def net_and_data():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(4, activation="relu", in_units=3), mx.gluon.nn.Dense(2, in_units=4))
+    net.initialize(mx.init.Constant(0.1 * (RANK + 1)))   # the store broadcasts rank 0's
+    rng = np.random.RandomState(RANK)
+    return net, mx.nd.array(rng.randn(8, 3)), mx.nd.array(rng.randn(8, 2))
+
+
+def one_step(net, trainer, x, y, update_path: bool = False) -> None:
+    with mx.autograd.record():
+        loss = ((net(x) - y) ** 2).sum()
+    loss.backward()
+    if update_path:
+        trainer.allreduce_grads()
+        trainer.update(8)
+    else:
+        trainer.step(8)
+
+
+def expect_refusal(res: Results, run, where: str, mine: str) -> None:
+    """`run` must raise MPIKVStoreError naming `where` and this rank's `mine`."""
+    try:
+        run()
+        mx.nd.waitall()
+    except mxnet_mpi.MPIKVStoreError as e:
+        text = str(e)
+        res.check("optimizer settings differ" in text and where in text and mine in text,
+                  "unexpected message (want %r and %r): %s" % (where, mine, text[:600]))
+        return
+    res.check(False, "no error: rank %d trained on with other optimizer settings" % RANK)
+
+
+def trainer_differs(optimizer: str, params: dict, mine: str, where="Trainer.step 1",
+                    before=None, steps: int = 1, update_path: bool = False):
+    def section(res: Results) -> None:
+        net, x, y = net_and_data()
+        if before is not None:
+            before(net)
+        trainer = mx.gluon.Trainer(net.collect_params(), optimizer, params, kvstore="mpi_" + MODE)
+
+        def run() -> None:
+            for _ in range(steps):
+                one_step(net, trainer, x, y, update_path)
+        expect_refusal(res, run, where, mine)
+    return section
+
+
+def section_set_learning_rate(res: Results) -> None:
+    """Two steps in agreement, then set_learning_rate on one rank: the third
+    step is refused."""
+    net, x, y = net_and_data()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", SAME, kvstore="mpi_" + MODE)
+    for _ in range(2):
+        one_step(net, trainer, x, y)
+    mx.nd.waitall()
+    if OTHER:
+        trainer.set_learning_rate(0.5)
+    expect_refusal(res, lambda: one_step(net, trainer, x, y), "Trainer.step 3",
+                   "lr=0.5" if OTHER else "lr=0.1")
+
+
+def section_same(res: Results) -> None:
+    """Equal settings, not the defaults: a scheduler, a parameter multiplier,
+    Adam; trains on, bit-identical (digests compared by the test)."""
+    for name, params in (("sgd", dict(SAME, lr_scheduler=mx.lr_scheduler.FactorScheduler(
+            step=2, factor=0.5))), ("adam", {"learning_rate": 0.01})):
+        net, x, y = net_and_data()
+        net[0].weight.lr_mult = 0.5
+        trainer = mx.gluon.Trainer(net.collect_params(), name, params, kvstore="mpi_" + MODE)
+        for _ in range(5):
+            one_step(net, trainer, x, y)
+        one_step(net, trainer, x, y, update_path=True)
+        digests["same_" + name] = hashlib.sha256(b"".join(
+            p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
+
+
+def section_module(res: Results) -> None:
+    """Module: the settings are compared once, at init_optimizer (with the
+    sum of the bound batch sizes)."""
+    data = mx.sym.Variable("data")
+    out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
+                                        name="lro")
+
+    def module(lr: float):
+        mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"])
+        mod.bind(data_shapes=[("data", (8, 3))], label_shapes=[("lro_label", (8, 2))])
+        mod.init_params(mx.init.Constant(0.1))
+        mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="sgd",
+                           optimizer_params={"learning_rate": lr})
+        return mod
+    module(0.1)   # equal: no error
+    expect_refusal(res, lambda: module(0.2 if OTHER else 0.1),
+                   "Module.init_optimizer", "learning_rate=%r" % (0.2 if OTHER else 0.1))
+
+
+def section_horovod(res: Results) -> None:
+    import mxnet_mpi.horovod as hvd
+    hvd.init()
+    net, x, y = net_and_data()
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    lr = 0.2 if OTHER else 0.1
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": lr})
+    expect_refusal(res, lambda: one_step(net, trainer, x, y), "DistributedTrainer.step 1",
+                   "lr=%r" % lr)
+
+
+def _mult(net) -> None:
+    if OTHER:
+        net[1].weight.lr_mult = 2.0
+
+
+SECTION_FNS = {
+    "learning_rate": trainer_differs("sgd", {"learning_rate": 0.2 if OTHER else 0.1},
+                                     "lr=%r" % (0.2 if OTHER else 0.1)),
+    "optimizer": trainer_differs("adam" if OTHER else "sgd", {"learning_rate": 0.1},
+                                 "Adam" if OTHER else "SGD"),
+    "momentum": trainer_differs("sgd", {"learning_rate": 0.1, "momentum": 0.9 if OTHER else 0.0},
+                                "momentum=%r" % (0.9 if OTHER else 0.0)),
+    "weight_decay": trainer_differs("sgd", {"learning_rate": 0.1, "wd": 1e-4 if OTHER else 0.0},
+                                    "wd=%r" % (1e-4 if OTHER else 0.0),
+                                    where="Trainer.update", update_path=True),
+    "lr_mult": trainer_differs("sgd", {"learning_rate": 0.1},
+                               "[(3, 2.0, 1.0)]" if OTHER else "lr=0.1", before=_mult),
+    "scheduler": trainer_differs("sgd", {"learning_rate": 0.1, "lr_scheduler":
+                                         mx.lr_scheduler.FactorScheduler(step=100, factor=0.5)
+                                         if OTHER else None},
+                                 "FactorScheduler" if OTHER else "lr=0.1"),
+    "set_learning_rate": section_set_learning_rate,
+    "same": section_same,
+    "module": section_module,
+    "horovod": section_horovod,
+}
+
+res = Results(OUTDIR, RANK)
+for name in SECTIONS:
+    res.run(name, SECTION_FNS[name])
+res.write(digests=digests)

@@ -1,0 +1,30 @@
+"""Ranks whose optimizers differ (learning rate, optimizer, momentum, weight
+decay, a parameter's multiplier, a scheduler, set_learning_rate on one rank)
+would drift apart silently, each updating its own weights: every rank raises
+at the step the difference appears, naming its settings, on the Trainer's
+paths, in the Module API and in mxnet_mpi.horovod; equal settings train on,
+bit-identical (tests/scripts/optimizer_settings.py)."""
+
+import json
+
+import pytest
+from pool import run_pooled
+
+SECTIONS = {
+    "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
+                "set_learning_rate,same,module,horovod",
+    # concurrent splits collectives by size: another carrier of the batch sizes
+    "concurrent": "learning_rate,same",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(SECTIONS))
+def test_ranks_with_different_optimizers_are_stopped_and_equal_ones_agree(tmp_path, mode):
+    run_pooled("optimizer_settings.py", 2, mode, str(tmp_path), SECTIONS[mode], timeout=240)
+    ranks = [json.loads((tmp_path / ("rank%d.json" % r)).read_text()) for r in range(2)]
+    for r in ranks:
+        bad = {k: v for k, v in r["sections"].items() if v["status"] != "OK"}
+        assert not bad, (r["rank"], bad)
+        assert sorted(r["sections"]) == sorted(SECTIONS[mode].split(","))
+    assert ranks[0]["digests"] == ranks[1]["digests"]
+    assert sorted(ranks[0]["digests"]) == ["same_adam", "same_sgd"]
