@@ -899,7 +899,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._agreed = self._batch_sizes.push(
             stream_for(None) if entry is None else entry.stream, batch_size,
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
-            describe(self._optimizer))
+            describe(self._optimizer, self._scale))
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1

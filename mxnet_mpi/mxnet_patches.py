@@ -158,7 +158,7 @@ def _patch_trainer() -> None:
         if not self._update_on_kvstore:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"
-                % getattr(self, "_mxmpi_count", 0), describe(self._optimizer))
+                % getattr(self, "_mxmpi_count", 0), describe(self._optimizer, self._scale))
         try:
             return orig_public_update(self, batch_size, ignore_stale_grad)
         finally:
@@ -173,7 +173,8 @@ def _patch_trainer() -> None:
         what = "%s %d: gradient allreduce" % (getattr(self, "_mxmpi_call", "Trainer.step"),
                                               getattr(self, "_mxmpi_count", 0))
         agreed = kv.allreduce_params(self._params, uok, batch, what,
-                                     describe(self._optimizer) if batch is not None else "")
+                                     describe(self._optimizer, self._scale)
+                                     if batch is not None else "")
         if agreed is not None:
             self._mxmpi_agreed = agreed
 

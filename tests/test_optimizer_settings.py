@@ -1,9 +1,9 @@
 """Ranks whose optimizers differ (learning rate, optimizer, momentum, weight
-decay, a parameter's multiplier, a scheduler, set_learning_rate on one rank)
-would drift apart silently, each updating its own weights: every rank raises
-at the step the difference appears, naming its settings, on the Trainer's
-paths, in the Module API and in mxnet_mpi.horovod; equal settings train on,
-bit-identical (tests/scripts/optimizer_settings.py)."""
+decay, a parameter's multiplier, a scheduler, the Trainer's rescale_grad,
+set_learning_rate on one rank) would drift apart silently, each updating its
+own weights: every rank raises at the step the difference appears, naming its
+settings, on the Trainer's paths, in the Module API and in mxnet_mpi.horovod;
+equal settings train on, bit-identical (tests/scripts/optimizer_settings.py)."""
 
 import json
 
@@ -12,7 +12,7 @@ from pool import run_pooled
 
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
-                "set_learning_rate,same,module,horovod",
+                "rescale_grad,set_learning_rate,same,module,horovod",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "learning_rate,same",
 }

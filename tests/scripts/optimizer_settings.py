@@ -157,6 +157,9 @@ SECTION_FNS = {
                                          mx.lr_scheduler.FactorScheduler(step=100, factor=0.5)
                                          if OTHER else None},
                                  "FactorScheduler" if OTHER else "lr=0.1"),
+    "rescale_grad": trainer_differs("sgd", {"learning_rate": 0.1,
+                                            "rescale_grad": 0.5 if OTHER else 1.0},
+                                    "trainer scale=%r" % (0.5 if OTHER else 1.0)),
     "set_learning_rate": section_set_learning_rate,
     "same": section_same,
     "module": section_module,
