@@ -88,7 +88,8 @@ def held(arr, rank: int) -> float:
 
 def forward_tail(rank: int, **flags) -> float:
     net = dense_net(1024, layers=8, **flags)
-    x = mx.nd.random.uniform(shape=(512, 1024))
+    # a layer ~15 ms here: the tails stay apart under load (2 busy loops: 52 vs 258 ms)
+    x = mx.nd.random.uniform(shape=(1024, 1024))
     with autograd.record():
         net(x).wait_to_read()   # builds the graph
     tails = []
