@@ -39,7 +39,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 7;
+constexpr int kAbiVersion = 8;
 
 namespace mxnet_mpi {
 namespace {
@@ -107,6 +107,53 @@ StoreOptions MakeOptions(int64_t fusion_bytes, int64_t small_bytes, int64_t chun
   return o;
 }
 
+// "" when every member of `comm` creates a store of this kind and options;
+// else what each rank creates. A store's threads and communicators depend on
+// its kind and options: a rank that created another store than its peers
+// would duplicate other communicators than they do (Open MPI then failed in
+// the negotiation, and the job waited for the stall abort).
+std::string StoresDiffer(MPI_Comm comm, ExecKind kind, const StoreOptions& o) {
+  static const char* const kFields[] = {"fusion_bytes", "small_bytes", "chunk_bytes",
+                                        "p2p_bytes", "large_lanes", "cycle_us",
+                                        "preempt_bytes"};
+  constexpr int kN = 8;
+  const int64_t mine[kN] = {static_cast<int>(kind), o.fusion_bytes, o.small_bytes,
+                            o.chunk_bytes, o.p2p_bytes, o.large_lanes, o.cycle_us,
+                            o.preempt_bytes};
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  std::vector<int64_t> all(static_cast<size_t>(kN) * p);
+  if (MPI_Allgather(mine, kN, MPI_INT64_T, all.data(), kN, MPI_INT64_T, comm) != MPI_SUCCESS)
+    return "mxnet_mpi: MPI_Allgather failed while the ranks compared their stores";
+  std::vector<bool> differs(kN, false);
+  bool any = false;
+  for (int r = 1; r < p; ++r)
+    for (int f = 0; f < kN; ++f)
+      if (all[r * kN + f] != all[f]) differs[f] = any = true;
+  if (!any) return "";
+  static const char* const kKinds[] = {"chained", "funneled", "concurrent"};
+  std::string out = "mxnet_mpi: the ranks create different stores (the kvstore type and the "
+                    "MXNET_MPI_* settings must be the same on every rank):";
+  int listed = 0;
+  for (int r = 0; r < p; ++r) {
+    // rank 0 and every rank that differs from it, at most 8
+    bool other = r == 0;
+    for (int f = 0; f < kN && !other; ++f) other = all[r * kN + f] != all[f];
+    if (!other) continue;
+    if (++listed > 8) {
+      out += " ...";
+      break;
+    }
+    const int64_t k = all[r * kN];
+    out += std::string(r == 0 ? " " : "; ") + "rank " + std::to_string(r) + " " +
+           (k >= 0 && k < 3 ? kKinds[k] : "?");
+    for (int f = 1; f < kN; ++f)
+      if (differs[f])
+        out += std::string(" ") + kFields[f - 1] + "=" + std::to_string(all[r * kN + f]);
+  }
+  return out;
+}
+
 int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
                 const StoreOptions& options, std::string* err) {
   int id = -1;
@@ -114,6 +161,12 @@ int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
     MPI_Comm own = MPI_COMM_NULL;
     if (MPI_Comm_dup(comm, &own) != MPI_SUCCESS) {
       *err = "mxnet_mpi: MPI_Comm_dup failed";
+      return;
+    }
+    const std::string differ = StoresDiffer(own, kind, options);
+    if (!differ.empty()) {
+      MPI_Comm_free(&own);
+      *err = differ + " (creating store '" + name + "')";
       return;
     }
     int next = g_next_store;
@@ -452,6 +505,29 @@ MXMPI_API int mxmpi_comm_split(int parent, int color, int key, int* out) {
       return;
     }
     *out = c == MPI_COMM_NULL ? -1 : AddComm(c);
+  });
+  return err.empty() ? 0 : Fail(err);
+}
+
+// Collective over `id`: whether its members are on more than one host
+// (shared-memory node). The same answer on every member: when they span
+// hosts, every member's node holds fewer of them than the communicator.
+MXMPI_API int mxmpi_comm_spans_hosts(int id, int* spans) {
+  MXMPI_GUARD();
+  MPI_Comm c = CommById(id);
+  if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(id));
+  std::string err;
+  g_owner.Call([&] {
+    MPI_Comm node;
+    if (MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+      err = "mxnet_mpi: MPI_Comm_split_type failed";
+      return;
+    }
+    int on_node = 0, size = 0;
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_size(c, &size);
+    MPI_Comm_free(&node);
+    *spans = on_node < size ? 1 : 0;
   });
   return err.empty() ? 0 : Fail(err);
 }

@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -228,6 +228,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_configure.argtypes = [d, d, d, i]
     lib.mxmpi_comm_split.argtypes = [i, i, i, pi]
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
+    lib.mxmpi_comm_spans_hosts.argtypes = [i, pi]
     lib.mxmpi_comm_free.argtypes = [i]
     lib.mxmpi_store_create.argtypes = [i, i, ctypes.c_char_p, i64, i64, i64, i64, i, i, i64,
                                        pi]

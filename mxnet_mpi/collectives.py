@@ -136,11 +136,13 @@ class Stream:
             return
         out = ctypes.c_int()
         opts = {**settings.store_options(), **options}
-        _native.check(LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
-                                             opts["small_bytes"], opts["chunk_bytes"],
-                                             opts.get("p2p_bytes", 0), opts["large_lanes"],
-                                             opts["cycle_us"], opts.get("preempt_bytes", 0),
-                                             ctypes.byref(out)))
+        if LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
+                                  opts["small_bytes"], opts["chunk_bytes"],
+                                  opts.get("p2p_bytes", 0), opts["large_lanes"],
+                                  opts["cycle_us"], opts.get("preempt_bytes", 0),
+                                  ctypes.byref(out)) != 0:
+            # e.g. ranks that create different stores (every rank gets this)
+            raise MPIKVStoreError(_native.last_error())
         self.id = out.value
         self._closed = False
 

@@ -63,13 +63,14 @@ def stream_options() -> dict:
 
 
 def spans_hosts(comm: Communicator) -> bool:
-    """Whether `comm` has members on more than one host (judged from the world:
-    a communicator larger than this host's share of the world must span hosts,
-    and the world does when its ranks are not all on this host)."""
-    w = world()
-    if w.size == local_size():
+    """Whether `comm` has members on more than one host; collective over `comm`
+    unless the whole world is on this host. Every member must get the same
+    answer (it picks the allreduce's route): a group of one rank on a host
+    with three and one alone on another spans hosts for both, which this
+    host's share of the world alone cannot tell."""
+    if world().size == local_size() or comm.size == 1:
         return False
-    return comm.id == w.id or comm.size > local_size()
+    return comm.spans_hosts()
 
 
 # Across hosts, allreduces take the store's own allreduce over point-to-point
@@ -88,9 +89,10 @@ P2P_ACROSS_HOSTS = 1
 def p2p_bytes(comm: Communicator) -> int:
     """The point-to-point threshold for a store over `comm`: MXNET_MPI_P2P_BYTES
     if set, else P2P_ACROSS_HOSTS across hosts and 0 (never) on one host."""
+    spans = spans_hosts(comm)   # collective: before anything a rank may see differently
     if settings.is_set("MXNET_MPI_P2P_BYTES"):
         return int(settings.get("MXNET_MPI_P2P_BYTES"))
-    return P2P_ACROSS_HOSTS if spans_hosts(comm) else 0
+    return P2P_ACROSS_HOSTS if spans else 0
 
 
 def create_stream(mode: str, comm: Communicator, name: str) -> Stream:

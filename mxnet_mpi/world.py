@@ -49,6 +49,16 @@ class Communicator:
         """Collective over this communicator, as MPI_Comm_split; None if color < 0."""
         return _split(self.id, color, self.rank if key is None else key)
 
+    def spans_hosts(self) -> bool:
+        """Collective over this communicator: whether its members are on more
+        than one host (the same answer on every member)."""
+        init()
+        if _state.thread_level < THREAD_MULTIPLE:
+            mx.nd.waitall()   # no collective may be running meanwhile
+        out = ctypes.c_int()
+        check(LIB.mxmpi_comm_spans_hosts(self.id, ctypes.byref(out)))
+        return bool(out.value)
+
     def dup(self) -> Communicator:
         """Collective over this communicator: a new one with the same members."""
         comm = _split(self.id, 0, self.rank)

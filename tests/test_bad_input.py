@@ -100,3 +100,15 @@ def test_uncaught_exception_on_one_rank_aborts_the_job(tmp_path):
     assert proc.returncode != 0
     assert "rank 1 raised RuntimeError; aborting the MPI job" in proc.stderr, proc.stderr[-3000:]
     assert "rank 0 finished" not in proc.stdout
+
+
+def test_ranks_that_create_different_stores_are_told_at_once():
+    proc = run_pooled("store_kinds.py", 2, timeout=120)
+    ranks = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1], proc.stdout[-3000:]
+    for r in ranks:
+        assert "the ranks create different stores" in r["kinds"], r
+        assert "rank 0 funneled; rank 1 chained" in r["kinds"], r
+        assert "rank 0 funneled chunk_bytes=" in r["settings"], r
+        assert "rank 1 funneled chunk_bytes=65536" in r["settings"], r
+        assert r["exact_after"], r

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,6 +117,25 @@ def test_hybrid_one_group_per_host_ps_on_host0(cluster, tmp_path):
         assert (info["group"], info["group_rank"]) == (rank // PER_HOST, rank % PER_HOST)
         assert info["is_ps_worker"] == (rank % PER_HOST == 0)
     assert_same_trajectory(ranks, reference(tmp_path, "hybrid_train.py"))
+
+
+def test_process_sets_on_uneven_hosts_agree_on_their_route(cluster, tmp_path):
+    """3 ranks on host 0, 1 on host 1: a set of one rank of each host spans
+    hosts for both of them (the point-to-point route), a set inside host 0
+    does not; every sum exact."""
+    hostfile = tmp_path / "uneven"
+    hostfile.write_text("%s slots=3\n%s slots=1\n" % tuple(cluster.hosts))
+    cmd = [str(Path(sys.executable).parent / "mpirun"), "-np", "4", "--hostfile",
+           str(hostfile), "--map-by", "slot", sys.executable, str(SCRIPTS / "uneven_hosts.py")]
+    _, out, _ = run(cluster, cmd, timeout=120)
+    seen = sorted((json.loads(ln) for ln in out.splitlines() if ln.startswith("{")),
+                  key=lambda r: r["rank"])
+    assert [r["rank"] for r in seen] == [0, 1, 2, 3], out[-3000:]
+    for r in seen:
+        assert r["local_size"] == (3 if r["rank"] < 3 else 1), r
+        across = r["members"] == [2, 3]
+        assert (r["spans_hosts"], r["p2p_bytes"] > 0) == (across, across), r
+        assert r["set_exact"] and r["world_exact"], r
 
 
 HOLDER = ("import sys, time\n"
