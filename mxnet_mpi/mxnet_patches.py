@@ -263,6 +263,12 @@ def _patch_module() -> None:
         if not isinstance(kvstore, MPIKVStore):
             return orig_update(param_arrays, grad_arrays, updater, num_device, kvstore,
                                param_names)
+        # The ranks' optimizer settings (Module's rescale_grad included: it was
+        # agreed once, in init_optimizer), compared ahead of the gradients and
+        # read a few updates later
+        optimizer = getattr(updater, "optimizer", None)
+        if optimizer is not None:
+            kvstore.settings_check(lambda: describe(optimizer, optimizer.rescale_grad))
         # Last parameter first: the order backprop makes gradients ready.
         for index in reversed(range(len(grad_arrays))):
             if grad_arrays[index][0] is not None:

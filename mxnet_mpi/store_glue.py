@@ -1,16 +1,22 @@
 """What a Gluon Trainer and a Module need from a store beyond KVStoreBase's
 calls: initial weights from rank 0 (deferred ones at the first forward), the
 gradient reduction of a step in readiness order, the batch-size agreement,
-and the parameter names and call context printed in messages.
+the comparison of the ranks' optimizer settings, and the parameter names and
+call context printed in messages.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .batch_sizes import BatchSizes
 from .keys import Key
+
+#: Calls of settings_check per comparison of the ranks' optimizer settings.
+SETTINGS_EVERY = 8
+#: Comparisons of optimizer settings in flight before the oldest is read.
+SETTINGS_IN_FLIGHT = 1
 
 
 def on_deferred_init(param, fn) -> None:
@@ -58,6 +64,30 @@ class FrameworkGlue:
             self._batch_sizes = BatchSizes()
         return self._batch_sizes.push(self._workers_stream(), batch_size,
                                       what.encode() if what else self._context, settings)
+
+    def settings_check(self, settings: Callable[[], str]) -> None:
+        """Every SETTINGS_EVERY calls (the first included), compare the ranks'
+        optimizer settings, `settings()` (collective; for updates that sum no batch
+        sizes: Module's) without waiting for the result: each comparison is
+        read SETTINGS_IN_FLIGHT comparisons later, and raises then on every
+        rank if they differed. Waiting at once would keep a Python-bound loop
+        from running ahead, and a comparison at every call costs such a loop
+        a collective per step (a small Module MLP on 2 ranks whose loop never
+        read a result: 1.8 ms per step; 3.8 ms waiting at once, 2.6 ms reading
+        later, 2.0 ms comparing every 8th; reading its metric every batch, as
+        Module.fit does, 3.7 ms with or without)."""
+        self._usable()
+        self._settings_calls += 1
+        if (self._settings_calls - 1) % SETTINGS_EVERY:
+            return
+        pending = self._settings_checks
+        if len(pending) == SETTINGS_IN_FLIGHT:
+            oldest = pending.popleft()
+            oldest.total()
+            free = oldest
+        else:
+            free = BatchSizes()
+        pending.append(free.push(self._workers_stream(), 0, self._context, settings()))
 
     def _workers_stream(self):
         """The stream over every worker (num_workers) of the store."""

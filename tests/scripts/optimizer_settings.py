@@ -22,6 +22,7 @@ import numpy as np
 from _common import Results
 
 import mxnet_mpi
+from mxnet_mpi.store_glue import SETTINGS_EVERY, SETTINGS_IN_FLIGHT
 
 MODE, OUTDIR, SECTIONS = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
@@ -107,8 +108,9 @@ def section_same(res: Results) -> None:
 
 
 def section_module(res: Results) -> None:
-    """Module: the settings are compared once, at init_optimizer (with the
-    sum of the bound batch sizes)."""
+    """Module: the settings are compared at init_optimizer (with the sum of
+    the bound batch sizes) and every SETTINGS_EVERY updates, each comparison
+    read SETTINGS_IN_FLIGHT comparisons later."""
     data = mx.sym.Variable("data")
     out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
                                         name="lro")
@@ -120,7 +122,25 @@ def section_module(res: Results) -> None:
         mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="sgd",
                            optimizer_params={"learning_rate": lr})
         return mod
-    module(0.1)   # equal: no error
+    mod = module(0.1)   # equal: no error
+    rng = np.random.RandomState(RANK)
+    batch = mx.io.DataBatch([mx.nd.array(rng.randn(8, 3))], [mx.nd.array(rng.randn(8, 2))])
+    for _ in range(2):
+        mod.forward_backward(batch)
+        mod.update()
+    if OTHER:
+        mod._optimizer.set_learning_rate(0.5)
+
+    def more(updates: int) -> None:
+        for _ in range(updates):
+            mod.forward_backward(batch)
+            mod.update()
+    # compared at updates 1, 1 + EVERY, ...: the first to see the new rate
+    compared = 1 + SETTINGS_EVERY
+    raised = compared + SETTINGS_EVERY * SETTINGS_IN_FLIGHT
+    more(raised - 3)   # updates 3 .. raised - 1 run on
+    expect_refusal(res, lambda: more(1), "Module.update %d" % compared,
+                   "lr=0.5" if OTHER else "lr=0.1")
     expect_refusal(res, lambda: module(0.2 if OTHER else 0.1),
                    "Module.init_optimizer", "learning_rate=%r" % (0.2 if OTHER else 0.1))
 
