@@ -30,7 +30,7 @@ from .errors import MPIKVStoreError
 from .joining import join_store, register
 from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
 from .store_calls import SPARSE_HINT, StoreCalls
-from .store_glue import FrameworkGlue
+from .store_glue import SETTINGS_COLLECTIVES, FrameworkGlue
 from .trainer_plan import TrainerPlan
 from .world import Communicator, require_usable
 from .world import init as init_world
@@ -82,7 +82,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         self._context: bytes | None = None
         self._batch_sizes: BatchSizes | None = None   # general path (batch_agreement)
         self._settings_checks: collections.deque = collections.deque()  # settings_check
-        self._settings_calls = 0
+        self._settings_window: int | None = None   # settings_check
         self._reductions = 0   # Trainer gradient reductions so far
         register(self)
         global _announced
@@ -338,7 +338,11 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         updater, or a gluon Trainer), their values and optimizer states are
         copied from that rank, so every rank continues identically."""
         self._usable()
-        return join_store(self, params, updater)
+        root = join_store(self, params, updater)
+        # the ranks that joined early made fewer settings_check calls: start
+        # the window afresh from the count of collectives, the same everywhere
+        self._settings_window = self._workers_stream().info()[0] // SETTINGS_COLLECTIVES
+        return root
 
     def __getstate__(self):
         raise pickle.PicklingError("an MPI kvstore cannot be pickled")

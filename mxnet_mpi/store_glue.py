@@ -13,8 +13,9 @@ from typing import Callable, Sequence
 from .batch_sizes import BatchSizes
 from .keys import Key
 
-#: Calls of settings_check per comparison of the ranks' optimizer settings.
-SETTINGS_EVERY = 8
+#: At most one comparison of the ranks' optimizer settings per this many
+#: collectives of the store (settings_check).
+SETTINGS_COLLECTIVES = 64
 #: Comparisons of optimizer settings in flight before the oldest is read.
 SETTINGS_IN_FLIGHT = 1
 
@@ -66,21 +67,26 @@ class FrameworkGlue:
                                       what.encode() if what else self._context, settings)
 
     def settings_check(self, settings: Callable[[], str]) -> None:
-        """Every SETTINGS_EVERY calls (the first included), compare the ranks'
-        optimizer settings, `settings()` (collective; for updates that sum no batch
-        sizes: Module's) without waiting for the result: each comparison is
-        read SETTINGS_IN_FLIGHT comparisons later, and raises then on every
-        rank if they differed. Waiting at once would keep a Python-bound loop
-        from running ahead, and a comparison at every call costs such a loop
-        a collective per step (a small Module MLP on 2 ranks whose loop never
-        read a result: 1.8 ms per step; 3.8 ms waiting at once, 2.6 ms reading
-        later, 2.0 ms comparing every 8th; reading its metric every batch, as
-        Module.fit does: 2.9-3.7 ms comparing every 8th, 2.5-3.6 ms without,
-        within this machine's noise)."""
+        """Compare the ranks' optimizer settings, `settings()` (collective; for
+        updates that sum no batch sizes: Module's), at the first call and then
+        at the first call after each SETTINGS_COLLECTIVES collectives of the
+        store, without waiting for the result: each comparison is read
+        SETTINGS_IN_FLIGHT comparisons later, and raises then on every rank if
+        they differed. The count of collectives is the same on every rank at
+        a call (and after join()), where counts of calls are not: a rank that
+        joined early skipped some. Waiting at once would keep a Python-bound
+        loop from running ahead, and a comparison at every call costs such a
+        loop a collective per step (a small Module MLP, 2 gradients, on 2
+        ranks, whose loop never read a result: 1.8 ms per step; 3.8 ms
+        waiting at once, 2.6 ms reading later; with this rule 2.0-2.3 ms
+        against 1.9-2.0 ms without, and reading its metric every batch, as
+        Module.fit does, 2.1-2.5 against 2.3-2.9 ms: within this machine's
+        noise)."""
         self._usable()
-        self._settings_calls += 1
-        if (self._settings_calls - 1) % SETTINGS_EVERY:
+        window = self._workers_stream().info()[0] // SETTINGS_COLLECTIVES
+        if window == self._settings_window:
             return
+        self._settings_window = window
         pending = self._settings_checks
         if len(pending) == SETTINGS_IN_FLIGHT:
             oldest = pending.popleft()

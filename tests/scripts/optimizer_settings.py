@@ -22,7 +22,7 @@ import numpy as np
 from _common import Results
 
 import mxnet_mpi
-from mxnet_mpi.store_glue import SETTINGS_EVERY, SETTINGS_IN_FLIGHT
+from mxnet_mpi.store_glue import SETTINGS_COLLECTIVES, SETTINGS_IN_FLIGHT
 
 MODE, OUTDIR, SECTIONS = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
@@ -109,8 +109,8 @@ def section_same(res: Results) -> None:
 
 def section_module(res: Results) -> None:
     """Module: the settings are compared at init_optimizer (with the sum of
-    the bound batch sizes) and every SETTINGS_EVERY updates, each comparison
-    read SETTINGS_IN_FLIGHT comparisons later."""
+    the bound batch sizes) and at an update once per SETTINGS_COLLECTIVES
+    collectives, each comparison read SETTINGS_IN_FLIGHT comparisons later."""
     data = mx.sym.Variable("data")
     out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
                                         name="lro")
@@ -135,12 +135,10 @@ def section_module(res: Results) -> None:
         for _ in range(updates):
             mod.forward_backward(batch)
             mod.update()
-    # compared at updates 1, 1 + EVERY, ...: the first to see the new rate
-    compared = 1 + SETTINGS_EVERY
-    raised = compared + SETTINGS_EVERY * SETTINGS_IN_FLIGHT
-    more(raised - 3)   # updates 3 .. raised - 1 run on
-    expect_refusal(res, lambda: more(1), "Module.update %d" % compared,
-                   "lr=0.5" if OTHER else "lr=0.1")
+    # an update moves 2 gradients: a comparison sees the new rate within
+    # SETTINGS_COLLECTIVES / 2 updates, and is read as many later
+    limit = (SETTINGS_IN_FLIGHT + 1) * SETTINGS_COLLECTIVES // 2 + 2
+    expect_refusal(res, lambda: more(limit), "Module.update", "lr=0.5" if OTHER else "lr=0.1")
     expect_refusal(res, lambda: module(0.2 if OTHER else 0.1),
                    "Module.init_optimizer", "learning_rate=%r" % (0.2 if OTHER else 0.1))
 
