@@ -29,6 +29,7 @@ from .collectives import (
 from .errors import MPIKVStoreError
 from .joining import join_store, register
 from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
+from .optimizer_settings import describe
 from .store_calls import SPARSE_HINT, StoreCalls
 from .store_glue import SETTINGS_COLLECTIVES, FrameworkGlue
 from .trainer_plan import TrainerPlan
@@ -302,8 +303,11 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
 
     def set_optimizer(self, optimizer) -> None:
         """Apply `optimizer` locally on every rank to values pushed with push();
-        every rank holds identical weights, so no server is needed."""
+        every rank holds identical weights, so no server is needed. Collective:
+        every rank sets one, and they must have the same settings
+        (optimizer_settings; MPIKVStoreError on every rank otherwise)."""
         check_optimizer(optimizer)
+        self.batch_agreement(0, "set_optimizer", describe(optimizer)).total()
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
 

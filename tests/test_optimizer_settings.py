@@ -12,7 +12,7 @@ from pool import run_pooled
 
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
-                "rescale_grad,set_learning_rate,same,module,horovod",
+                "rescale_grad,set_learning_rate,same,module,horovod,set_optimizer",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "learning_rate,same",
 }

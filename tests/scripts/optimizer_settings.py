@@ -154,6 +154,20 @@ def section_horovod(res: Results) -> None:
                    "lr=%r" % lr)
 
 
+def section_set_optimizer(res: Results) -> None:
+    """The KVStore API's set_optimizer: every rank applies its own."""
+    kv = mx.kv.create("mpi_" + MODE)
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))   # equal: no error
+    w = mx.nd.ones((3,))
+    kv.init("w", w)
+    kv.push("w", mx.nd.ones((3,)))
+    kv.pull("w", out=w)
+    res.equal(w, np.full((3,), 1 - 0.1 * SIZE, dtype="float32"), "weight after one update")
+    lr = 0.2 if OTHER else 0.1
+    expect_refusal(res, lambda: kv.set_optimizer(mx.optimizer.SGD(learning_rate=lr)),
+                   "set_optimizer", "lr=%r" % lr)
+
+
 def _mult(net) -> None:
     if OTHER:
         net[1].weight.lr_mult = 2.0
@@ -182,6 +196,7 @@ SECTION_FNS = {
     "same": section_same,
     "module": section_module,
     "horovod": section_horovod,
+    "set_optimizer": section_set_optimizer,
 }
 
 res = Results(OUTDIR, RANK)
