@@ -10,14 +10,14 @@ ms, the smallest of a few measurements of
   gradient minus that of the fourth's (backward makes the last layer's first):
   about one layer's backward when every op is an engine segment of its own,
   about 0 when both come out of one segment (flag: 15 ops per segment);
-- in an MPI job of two ranks only (rank 0 prints; rank 1 holds something back
-  for ``HOLD_S``, then sends it):
-  ``forward``: of eight Dense layers, the last one's weight arrives late (a
-  broadcast from rank 1); from its arrival (``HOLD_S`` after a barrier)
+- in an MPI job of two ranks only (rank 0 prints):
+  ``forward``: of eight Dense layers, the last one's weight is held as being
+  written for ``HOLD_S`` (as a weight still on the wire); from its release
   until the forward's output is ready: about one layer's forward when the
   first seven ran meanwhile (a segment per op), the whole forward when they
   are one segment waiting for that weight (flag: 15 ops per segment);
-  ``update``: the gradient of the fourth of four parameters arrives late;
+  ``update``: the gradient of the fourth of four parameters arrives late
+  (rank 1 sends it ``HOLD_S`` after a barrier);
   from ``Trainer.step`` until the first parameter is updated: about 0 when
   each parameter has its own update op, about the hold when SGD updates the
   four in one op (flag: the optimizer's group of 4, MXNet's default).
@@ -43,11 +43,12 @@ VARS = ("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD", "MXNET_EXEC_BULK_EXEC_MAX_NOD
         "MXNET_OPTIMIZER_AGGREGATION_SIZE")
 
 
-def dense_net(width: int, layers: int = 4, **flags):
+def dense_net(width: int, layers: int = 4, dtype: str = "float32", **flags):
     net = gluon.nn.HybridSequential()
     for _ in range(layers):
         net.add(gluon.nn.Dense(width, activation="relu", in_units=width))
     net.initialize()
+    net.cast(dtype)
     net.hybridize(static_alloc=True, static_shape=True, **flags)
     return net
 
@@ -86,20 +87,29 @@ def held(arr, rank: int) -> float:
     return arrival
 
 
-def forward_tail(rank: int, **flags) -> float:
-    net = dense_net(1024, layers=8, **flags)
-    # a layer ~15 ms here: the tails stay apart under load (2 busy loops: 52 vs 258 ms)
-    x = mx.nd.random.uniform(shape=(1024, 1024))
+def forward_tail(**flags) -> float:
+    # The last layer's weight is held as being written (an engine op that
+    # does not finish until released, as a weight whose allreduce is still
+    # on the wire), in this process: the tail is measured from the release,
+    # on this process's clock, with no peer's timing in it.
+    from mxnet_mpi import _native
+    net = dense_net(512, layers=8, dtype="float64", **flags)   # held writes are float64
+    x = mx.nd.random.uniform(shape=(256, 512), dtype="float64")
     with autograd.record():
         net(x).wait_to_read()   # builds the graph
+    weight = net[7].weight.data()
     tails = []
     for _ in range(3):
+        value = weight.copy()
         mx.nd.waitall()
-        arrival = held(net[7].weight.data(), rank)
+        ticket = _native.hold_write(weight, "forward probe: the last layer's weight")
         with autograd.record():
             y = net(x)
+        time.sleep(HOLD_S)   # the first seven layers run meanwhile, or wait
+        released = time.perf_counter()
+        _native.release_write(ticket, value)
         y.wait_to_read()
-        tails.append((time.perf_counter() - arrival) * 1e3)
+        tails.append((time.perf_counter() - released) * 1e3)
     return min(tails)
 
 
@@ -136,8 +146,8 @@ if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) == 2:
 
     rank = mxnet_mpi.rank()
     if ORDER != "mxnet-first":
-        out["forward"] = {"default": forward_tail(rank),
-                          "mxnet15": forward_tail(rank, forward_bulk_size=15)}
+        out["forward"] = {"default": forward_tail(),
+                          "mxnet15": forward_tail(forward_bulk_size=15)}
     out["update"] = {"default": update_wait(rank), "grouped": update_wait(rank, group=4),
                      "hold": HOLD_S * 1e3}
     if rank != 0:
