@@ -1,9 +1,9 @@
 """Ranks that create different stores (another kvstore type, or other
 MXNET_MPI_* store settings in the environment) get an MPIKVStoreError naming
 what each created, on every rank, at once, and nothing is left half made: a
-store created alike afterwards sums exactly. (Before, their communicators did
-not match and the job waited for the stall abort, or took each other's
-messages.)
+store created alike afterwards sums exactly. (Stores of different kinds
+duplicate different communicators; left unchecked, the ranks' collectives
+would not meet and the job would wait for the stall abort.)
 
 Prints one JSON line per rank.
 """

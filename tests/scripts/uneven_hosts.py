@@ -1,9 +1,9 @@
 """Process sets on hosts with uneven rank counts (host 0: ranks 0-2, host 1:
 rank 3). {2, 3} spans hosts and {0, 1} does not; each set's members must
 agree on that, since it picks the allreduce's route (point-to-point messages
-across hosts, MPI's collective on one host): a rank whose own host held
-three ranks once judged {2, 3} to be on one host while rank 3 judged it
-across, and the two waited on each other's different messages.
+across hosts, MPI's collective on one host). Judged from this host's share
+of the world, rank 2 (whose host holds three ranks) would call {2, 3}
+one-host and rank 3 across hosts.
 
 Prints one JSON line per rank: how it judged its set, and whether the sums
 (of each set, then of the world) were exact.
