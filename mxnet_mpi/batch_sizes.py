@@ -11,8 +11,10 @@ apart. Our stores apply one rule on every rank instead::
 When every rank passes the same ``b``, ``mean_b`` is exactly ``b`` (an integer
 sum divided by the number of ranks), so the numbers are bit for bit those of
 one rank dividing by its own ``b``. The batch sizes travel as part
-``[b, 1, d_0, ..., d_31]`` of a collective the step makes anyway (or a
+``[b, 1, s, d_0, ..., d_31]`` of a collective the step makes anyway (or a
 collective of their own, docs/store.md); a rank that has joined adds zeros.
+``s`` is 1 on a rank with a gradient that backward has not updated since the
+last step: summed, it tells every rank whether any rank's was stale.
 
 ``d_i`` are the bits of a 32-bit digest of the rank's optimizer settings
 (optimizer_settings.py). Summed over the m ranks that took part, each is 0 or
@@ -37,16 +39,16 @@ from .errors import MPIKVStoreError
 NAME = "the batch sizes"
 #: Bits of the optimizer settings' digest that ride with the batch sizes.
 DIGEST_BITS = 32
-#: Elements of the array: [batch size, 1, digest bits...].
-SIZE = 2 + DIGEST_BITS
+#: Elements of the array: [batch size, 1, stale, digest bits...].
+SIZE = 3 + DIGEST_BITS
 
 
 class BatchSizes:
-    """A host array ``[this rank's batch size, 1, digest bits]`` that an
-    allreduce turns into ``[sum of the batch sizes, ranks that took part,
-    sums of the bits]``. Built once and reused every step; written and read
-    through its memory (no engine op), which is safe because each use waits
-    for the previous sum first."""
+    """A host array ``[this rank's batch size, 1, stale, digest bits]`` that
+    an allreduce turns into ``[sum of the batch sizes, ranks that took part,
+    ranks with a stale gradient, sums of the bits]``. Built once and reused
+    every step; written and read through its memory (no engine op), which is
+    safe because each use waits for the previous sum first."""
 
     def __init__(self, dtype="float64") -> None:
         self.dtype = np.dtype(dtype)
@@ -59,17 +61,21 @@ class BatchSizes:
         self._pending = False
         self._settings = ""
         self._what = ""
+        self.stale_ranks = 0   # of the last sum read
 
-    def fill(self, batch_size, settings: str = "", what: str = "") -> None:
-        """This rank's batch size and optimizer settings (optimizer_settings.
-        describe; "" for none), before the allreduce that sums them is pushed;
-        `what` names the step in the error when the settings differ."""
+    def fill(self, batch_size, settings: str = "", what: str = "",
+             stale: bool = False) -> None:
+        """This rank's batch size, optimizer settings (optimizer_settings.
+        describe; "" for none) and whether one of its gradients is stale,
+        before the allreduce that sums them is pushed; `what` names the step
+        in the error when the settings differ."""
         if self._pending:
             self.array.wait_to_read()   # the previous sum is still in flight
         d = optimizer_settings.digest(settings, DIGEST_BITS)
         self._view[0] = batch_size
         self._view[1] = 1
-        self._view[2:] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
+        self._view[2] = 1 if stale else 0
+        self._view[3:] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
         self._settings, self._what = settings, what
         self._pending = True
 
@@ -80,7 +86,8 @@ class BatchSizes:
         self.array.wait_to_read()
         self._pending = False
         ranks = float(self._view[1])
-        bits = self._view[2:]
+        self.stale_ranks = int(self._view[2])
+        bits = self._view[3:]
         if np.any((bits != 0) & (bits != ranks)):
             raise MPIKVStoreError(
                 "mxnet_mpi: %sthe ranks' optimizer settings differ, so their weights would "
@@ -89,6 +96,17 @@ class BatchSizes:
                     self._what + ": " if self._what else "", _rank_text(),
                     self._settings or "no optimizer"))
         return float(self._view[0]), ranks
+
+    def refuse_if_stale_elsewhere(self, params, ignore_stale_grad: bool, what: str) -> None:
+        """After a read: raise UserWarning where another rank had a stale
+        gradient at this step (MXNet's Trainer raises on that rank, naming the
+        parameter, and does not apply the step; no rank may, or that rank's
+        weights fall behind the others'). `params`: this rank's (Gluon)."""
+        if self.stale_ranks and not ignore_stale_grad and not stale_gradient(params):
+            raise UserWarning(
+                "mxnet_mpi: %s: a gradient on %d other rank(s) has not been updated by "
+                "backward since the last step, so no rank applies this step (MXNet raises "
+                "there, naming the parameter)" % (what, self.stale_ranks))
 
     def mean(self) -> float:
         """The mean batch size of the ranks that took part (the rule's divisor)."""
@@ -100,11 +118,12 @@ class BatchSizes:
         return self._read()[0]
 
     def push(self, stream, batch_size, context: bytes | None = None,
-             settings: str = "") -> BatchSizes:
-        """Sum `batch_size` (and compare `settings`, see fill) over the ranks of
-        `stream` (a collectives.Stream) by an allreduce of its own; `context`
-        names it in messages."""
-        self.fill(batch_size, settings, context.decode(errors="replace") if context else "")
+             settings: str = "", stale: bool = False) -> BatchSizes:
+        """Sum `batch_size` (and compare `settings`, count `stale`: see fill)
+        over the ranks of `stream` (a collectives.Stream) by an allreduce of
+        its own; `context` names it in messages."""
+        self.fill(batch_size, settings, context.decode(errors="replace") if context else "",
+                  stale)
         stream.push([self.call()], context)
         return self
 
@@ -114,6 +133,17 @@ class BatchSizes:
         return Call(_native.ALLREDUCE, [self.array], [self.array], dtype=self.dtype,
                     shapes=[(SIZE,)], desc="allreduce of the batch sizes %s" % self.dtype,
                     label=NAME, name=NAME, priority=priority)
+
+
+def stale_gradient(params) -> bool:
+    """Whether a gradient of Gluon `params` has not been updated by backward
+    since the last step (what Trainer._update refuses without ignore_stale_grad)."""
+    for p in params:
+        if p.grad_req != "null" and p._data is not None:
+            for data in p._data:
+                if not data._fresh_grad:
+                    return True
+    return False
 
 
 def _rank_text() -> str:

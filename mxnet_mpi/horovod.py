@@ -32,7 +32,7 @@ import mxnet as mx
 import numpy as np
 
 from . import ops, timeline
-from .batch_sizes import BatchSizes
+from .batch_sizes import BatchSizes, stale_gradient
 from .collectives import check_array, stream_for
 from .errors import MPIKVStoreError
 from .modes import create_stream
@@ -888,6 +888,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._agreed = None         # their sum, read by _update
         self._batch_sizes = None
         self._steps = 0
+        self._ignore_stale = False  # step()'s or update()'s ignore_stale_grad
 
     def _sum_batch_sizes(self, batch_size, call: str) -> None:
         # A collective of its own, pushed before the gradients: the free
@@ -899,11 +900,13 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._agreed = self._batch_sizes.push(
             stream_for(None) if entry is None else entry.stream, batch_size,
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
-            describe(self._optimizer, self._scale))
+            describe(self._optimizer, self._scale),
+            not self._ignore_stale and stale_gradient(self._params))
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1
         self._batch = batch_size
+        self._ignore_stale = ignore_stale_grad
         try:
             super().step(batch_size, ignore_stale_grad)
         finally:
@@ -911,6 +914,7 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def update(self, batch_size, ignore_stale_grad=False):
         ps = self._process_set
+        self._ignore_stale = ignore_stale_grad
         if ps.size() > 1 and ps.included():
             self._sum_batch_sizes(batch_size, "update")
         try:
@@ -922,6 +926,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         if self._agreed is not None:
             agreed, self._agreed = self._agreed, None
             self._optimizer.rescale_grad = self._scale / agreed.mean()
+            agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad,
+                                             "DistributedTrainer step %d" % self._steps)
         super()._update(ignore_stale_grad)
 
     def _allreduce_grads(self):

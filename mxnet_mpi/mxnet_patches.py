@@ -20,6 +20,7 @@ import os
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
+from .batch_sizes import stale_gradient
 from .consistency import PeriodicCheck
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
@@ -136,6 +137,7 @@ def _patch_trainer() -> None:
             return orig_step(self, batch_size, ignore_stale_grad)
         _reduction(self, "Trainer.step")
         self._mxmpi_batch = batch_size
+        self._mxmpi_ignore_stale = ignore_stale_grad
         try:
             return orig_step(self, batch_size, ignore_stale_grad)
         finally:
@@ -158,7 +160,8 @@ def _patch_trainer() -> None:
         if not self._update_on_kvstore:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"
-                % getattr(self, "_mxmpi_count", 0), describe(self._optimizer, self._scale))
+                % getattr(self, "_mxmpi_count", 0), describe(self._optimizer, self._scale),
+                not ignore_stale_grad and stale_gradient(self._params))
         try:
             return orig_public_update(self, batch_size, ignore_stale_grad)
         finally:
@@ -172,9 +175,12 @@ def _patch_trainer() -> None:
         batch = None if uok else getattr(self, "_mxmpi_batch", None)
         what = "%s %d: gradient allreduce" % (getattr(self, "_mxmpi_call", "Trainer.step"),
                                               getattr(self, "_mxmpi_count", 0))
-        agreed = kv.allreduce_params(self._params, uok, batch, what,
-                                     describe(self._optimizer, self._scale)
-                                     if batch is not None else "")
+        settings, stale = "", False
+        if batch is not None:
+            settings = describe(self._optimizer, self._scale)
+            stale = (not getattr(self, "_mxmpi_ignore_stale", False)
+                     and stale_gradient(self._params))
+        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, stale)
         if agreed is not None:
             self._mxmpi_agreed = agreed
 
@@ -183,6 +189,10 @@ def _patch_trainer() -> None:
         if agreed is not None:
             self._mxmpi_agreed = None
             self._optimizer.rescale_grad = self._scale / agreed.mean()
+            agreed.refuse_if_stale_elsewhere(
+                self._params, ignore_stale_grad, "%s %d" % (
+                    getattr(self, "_mxmpi_call", "Trainer.step"),
+                    getattr(self, "_mxmpi_count", 0)))
         return orig_update(self, ignore_stale_grad)
 
     orig_sparse_create = trainer_mod._create_sparse_kvstore

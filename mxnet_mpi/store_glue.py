@@ -55,16 +55,18 @@ class FrameworkGlue:
             self._keys.set_name(key, name)
 
     def batch_agreement(self, batch_size, what: str | None = None,
-                        settings: str = "") -> BatchSizes:
+                        settings: str = "", stale: bool = False) -> BatchSizes:
         """Push the allreduce of this rank's `batch_size` over every worker of
         the store (collective); read the result with .mean() or .total()
         (docs/store.md, "Batch sizes"), which raise if the ranks' optimizer
-        `settings` (optimizer_settings.describe) differ."""
+        `settings` (optimizer_settings.describe) differ; the sum's
+        stale_ranks counts the ranks that passed `stale`."""
         self._usable()
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
         return self._batch_sizes.push(self._workers_stream(), batch_size,
-                                      what.encode() if what else self._context, settings)
+                                      what.encode() if what else self._context, settings,
+                                      stale)
 
     def settings_check(self, settings: Callable[[], str]) -> None:
         """Compare the ranks' optimizer settings, `settings()` (collective; for
@@ -125,7 +127,8 @@ class FrameworkGlue:
             self.broadcast(key, arrays[0], out=arrays)
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
-                         what: str | None = None, settings: str = "") -> BatchSizes | None:
+                         what: str | None = None, settings: str = "",
+                         stale: bool = False) -> BatchSizes | None:
         """Trainer's gradient reduction, issued last parameter first: backprop
         makes gradients ready from the output layer back, so collectives follow
         readiness instead of waiting for the input layer. Built once, then one
@@ -139,9 +142,9 @@ class FrameworkGlue:
         self._reductions += 1
         context = what.encode() if what else None
         if self._updater is None and not update_on_kvstore \
-                and self._plan.push(params, batch_size, context, settings):
+                and self._plan.push(params, batch_size, context, settings, stale):
             return self._plan.batch_sizes if batch_size is not None else None
-        agreed = (self.batch_agreement(batch_size, what, settings)
+        agreed = (self.batch_agreement(batch_size, what, settings, stale)
                   if batch_size is not None else None)
         groups = []
         for i in reversed(range(len(params))):

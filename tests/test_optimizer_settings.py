@@ -3,7 +3,8 @@ decay, a parameter's multiplier, a scheduler, the Trainer's rescale_grad,
 set_learning_rate on one rank) would drift apart silently, each updating its
 own weights: every rank raises at the step the difference appears, naming its
 settings, on the Trainer's paths, in the Module API and in mxnet_mpi.horovod;
-equal settings train on, bit-identical (tests/scripts/optimizer_settings.py)."""
+equal settings train on, bit-identical. A step refused on one rank for a
+stale gradient is refused on every rank (tests/scripts/optimizer_settings.py)."""
 
 import json
 
@@ -12,7 +13,8 @@ from pool import run_pooled
 
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
-                "rescale_grad,set_learning_rate,same,module,horovod,set_optimizer",
+                "rescale_grad,set_learning_rate,same,module,horovod,set_optimizer,"
+                "stale_gradient,stale_gradient_horovod",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "learning_rate,same",
 }
@@ -27,4 +29,4 @@ def test_ranks_with_different_optimizers_are_stopped_and_equal_ones_agree(tmp_pa
         assert not bad, (r["rank"], bad)
         assert sorted(r["sections"]) == sorted(SECTIONS[mode].split(","))
     assert ranks[0]["digests"] == ranks[1]["digests"]
-    assert sorted(ranks[0]["digests"]) == ["same_adam", "same_sgd"]
+    assert {"same_adam", "same_sgd"} <= set(ranks[0]["digests"])

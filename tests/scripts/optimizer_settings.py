@@ -168,6 +168,45 @@ def section_set_optimizer(res: Results) -> None:
                    "set_optimizer", "lr=%r" % lr)
 
 
+def stale_gradient(trainer_of):
+    """Rank 1 skips backward at the second step: MXNet's Trainer refuses the
+    step there (a stale gradient); every other rank must refuse it too, or
+    rank 1's weights fall one update behind. A third step trains on, and the
+    weights stay identical (digest compared by the test)."""
+    def section(res: Results) -> None:
+        net, x, y = net_and_data()
+        trainer = trainer_of(net)
+        raised = []
+        for step in range(3):
+            if not (OTHER and step == 1):
+                with mx.autograd.record():
+                    loss = ((net(x) - y) ** 2).sum()
+                loss.backward()
+            try:
+                trainer.step(8)
+            except UserWarning as e:
+                raised.append((step, str(e)))
+        mx.nd.waitall()
+        want = "has not been updated by backward"
+        res.check([s for s, _ in raised] == [1] and want in raised[0][1]
+                  and (OTHER or "1 other rank(s)" in raised[0][1]),
+                  "refusals: %r" % raised)
+        digests["stale_" + trainer_of.__name__] = hashlib.sha256(b"".join(
+            p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
+    return section
+
+
+def gluon_trainer(net):
+    return mx.gluon.Trainer(net.collect_params(), "sgd", SAME, kvstore="mpi_" + MODE)
+
+
+def hvd_trainer(net):
+    import mxnet_mpi.horovod as hvd
+    hvd.init()
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    return hvd.DistributedTrainer(net.collect_params(), "sgd", SAME)
+
+
 def _mult(net) -> None:
     if OTHER:
         net[1].weight.lr_mult = 2.0
@@ -197,6 +236,8 @@ SECTION_FNS = {
     "module": section_module,
     "horovod": section_horovod,
     "set_optimizer": section_set_optimizer,
+    "stale_gradient": stale_gradient(gluon_trainer),
+    "stale_gradient_horovod": stale_gradient(hvd_trainer),
 }
 
 res = Results(OUTDIR, RANK)
