@@ -10,7 +10,6 @@ Horovod, whose allreduce averages, set ``kv.average = True`` (or
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 import pickle
@@ -82,7 +81,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         # What the pushes are for, printed in their messages (see serving())
         self._context: bytes | None = None
         self._batch_sizes: BatchSizes | None = None   # general path (batch_agreement)
-        self._settings_checks: collections.deque = collections.deque()  # settings_check
+        self._settings_pending: BatchSizes | None = None   # settings_check
         self._settings_window: int | None = None   # settings_check
         self._reductions = 0   # Trainer gradient reductions so far
         register(self)

@@ -16,8 +16,6 @@ from .keys import Key
 #: At most one comparison of the ranks' optimizer settings per this many
 #: collectives of the store (settings_check).
 SETTINGS_COLLECTIVES = 64
-#: Comparisons of optimizer settings in flight before the oldest is read.
-SETTINGS_IN_FLIGHT = 1
 
 
 def on_deferred_init(param, fn) -> None:
@@ -72,31 +70,27 @@ class FrameworkGlue:
         """Compare the ranks' optimizer settings, `settings()` (collective; for
         updates that sum no batch sizes: Module's), at the first call and then
         at the first call after each SETTINGS_COLLECTIVES collectives of the
-        store, without waiting for the result: each comparison is read
-        SETTINGS_IN_FLIGHT comparisons later, and raises then on every rank if
-        they differed. The count of collectives is the same on every rank at
-        a call (and after join()), where counts of calls are not: a rank that
-        joined early skipped some. Waiting at once would keep a Python-bound
-        loop from running ahead, and a comparison at every call costs such a
-        loop a collective per step (a small Module MLP, 2 gradients, on 2
-        ranks, whose loop never read a result: 1.8 ms per step; 3.8 ms
-        waiting at once, 2.6 ms reading later; with this rule 2.0-2.3 ms
-        against 1.9-2.0 ms without, and reading its metric every batch, as
-        Module.fit does, 2.1-2.5 against 2.3-2.9 ms: within this machine's
-        noise)."""
+        store, without waiting for the result: each comparison is read at the
+        next one, and raises then on every rank if they differed. The count of
+        collectives is the same on every rank at a call (and after join()),
+        where counts of calls are not: a rank that joined early skipped some.
+        Waiting at once would keep a Python-bound loop from running ahead, and
+        a comparison at every call costs such a loop a collective per step (a
+        small Module MLP, 2 gradients, on 2 ranks, whose loop never read a
+        result: 1.8 ms per step; 3.8 ms waiting at once, 2.6 ms reading later;
+        with this rule 2.0-2.3 ms against 1.9-2.0 ms without, and reading its
+        metric every batch, as Module.fit does, 2.1-2.5 against 2.3-2.9 ms:
+        within this machine's noise)."""
         self._usable()
         window = self._workers_stream().info()[0] // SETTINGS_COLLECTIVES
         if window == self._settings_window:
             return
         self._settings_window = window
-        pending = self._settings_checks
-        if len(pending) == SETTINGS_IN_FLIGHT:
-            oldest = pending.popleft()
-            oldest.total()
-            free = oldest
-        else:
-            free = BatchSizes()
-        pending.append(free.push(self._workers_stream(), 0, self._context, settings()))
+        previous, self._settings_pending = self._settings_pending, None
+        if previous is not None:
+            previous.total()   # raises if the ranks' settings differed
+        self._settings_pending = (previous or BatchSizes()).push(
+            self._workers_stream(), 0, self._context, settings())
 
     def _workers_stream(self):
         """The stream over every worker (num_workers) of the store."""
