@@ -11,10 +11,12 @@ apart. Our stores apply one rule on every rank instead::
 When every rank passes the same ``b``, ``mean_b`` is exactly ``b`` (an integer
 sum divided by the number of ranks), so the numbers are bit for bit those of
 one rank dividing by its own ``b``. The batch sizes travel as part
-``[b, 1, s, d_0, ..., d_31]`` of a collective the step makes anyway (or a
+``[b, 1, s, w, d_0, ..., d_31]`` of a collective the step makes anyway (or a
 collective of their own, docs/store.md); a rank that has joined adds zeros.
 ``s`` is 1 on a rank with a gradient that backward has not updated since the
-last step: summed, it tells every rank whether any rank's was stale.
+last step: summed, it tells every rank whether any rank's was stale. ``w`` is
+1 on a rank that wrote weights or optimizer states outside training since the
+last step (weight_writes.py): summed, it tells every rank to compare them.
 
 ``d_i`` are the bits of a 32-bit digest of the rank's optimizer settings
 (optimizer_settings.py). Summed over the m ranks that took part, each is 0 or
@@ -39,16 +41,20 @@ from .errors import MPIKVStoreError
 NAME = "the batch sizes"
 #: Bits of the optimizer settings' digest that ride with the batch sizes.
 DIGEST_BITS = 32
-#: Elements of the array: [batch size, 1, stale, digest bits...].
-SIZE = 3 + DIGEST_BITS
+#: Elements of the array: [batch size, 1, stale, written, digest bits...].
+SIZE = 4 + DIGEST_BITS
+#: Flags of a rank's step (fill's `flags`): a stale gradient; weights or
+#: optimizer states written outside training since the last step.
+STALE, WRITTEN = 1, 2
 
 
 class BatchSizes:
-    """A host array ``[this rank's batch size, 1, stale, digest bits]`` that
-    an allreduce turns into ``[sum of the batch sizes, ranks that took part,
-    ranks with a stale gradient, sums of the bits]``. Built once and reused
-    every step; written and read through its memory (no engine op), which is
-    safe because each use waits for the previous sum first."""
+    """A host array ``[this rank's batch size, 1, stale, written, digest bits]``
+    that an allreduce turns into ``[sum of the batch sizes, ranks that took
+    part, ranks with a stale gradient, ranks that wrote, sums of the bits]``.
+    Built once and reused every step; written and read through its memory (no
+    engine op), which is safe because each use waits for the previous sum
+    first."""
 
     def __init__(self, dtype="float64") -> None:
         self.dtype = np.dtype(dtype)
@@ -61,12 +67,12 @@ class BatchSizes:
         self._pending = False
         self._settings = ""
         self._what = ""
-        self.stale_ranks = 0   # of the last sum read
+        self.stale_ranks = 0     # of the last sum read
+        self.written_ranks = 0   # of the last sum read
 
-    def fill(self, batch_size, settings: str = "", what: str = "",
-             stale: bool = False) -> None:
+    def fill(self, batch_size, settings: str = "", what: str = "", flags: int = 0) -> None:
         """This rank's batch size, optimizer settings (optimizer_settings.
-        describe; "" for none) and whether one of its gradients is stale,
+        describe; "" for none) and `flags` (STALE, WRITTEN: step_flags),
         before the allreduce that sums them is pushed; `what` names the step
         in the error when the settings differ."""
         if self._pending:
@@ -74,8 +80,9 @@ class BatchSizes:
         d = optimizer_settings.digest(settings, DIGEST_BITS)
         self._view[0] = batch_size
         self._view[1] = 1
-        self._view[2] = 1 if stale else 0
-        self._view[3:] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
+        self._view[2] = 1 if flags & STALE else 0
+        self._view[3] = 1 if flags & WRITTEN else 0
+        self._view[4:] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
         self._settings, self._what = settings, what
         self._pending = True
 
@@ -87,7 +94,8 @@ class BatchSizes:
         self._pending = False
         ranks = float(self._view[1])
         self.stale_ranks = int(self._view[2])
-        bits = self._view[3:]
+        self.written_ranks = int(self._view[3])
+        bits = self._view[4:]
         if np.any((bits != 0) & (bits != ranks)):
             raise MPIKVStoreError(
                 "mxnet_mpi: %sthe ranks' optimizer settings differ, so their weights would "
@@ -118,12 +126,12 @@ class BatchSizes:
         return self._read()[0]
 
     def push(self, stream, batch_size, context: bytes | None = None,
-             settings: str = "", stale: bool = False) -> BatchSizes:
-        """Sum `batch_size` (and compare `settings`, count `stale`: see fill)
+             settings: str = "", flags: int = 0) -> BatchSizes:
+        """Sum `batch_size` (and compare `settings`, count `flags`: see fill)
         over the ranks of `stream` (a collectives.Stream) by an allreduce of
         its own; `context` names it in messages."""
         self.fill(batch_size, settings, context.decode(errors="replace") if context else "",
-                  stale)
+                  flags)
         stream.push([self.call()], context)
         return self
 
@@ -133,6 +141,14 @@ class BatchSizes:
         return Call(_native.ALLREDUCE, [self.array], [self.array], dtype=self.dtype,
                     shapes=[(SIZE,)], desc="allreduce of the batch sizes %s" % self.dtype,
                     label=NAME, name=NAME, priority=priority)
+
+
+def step_flags(params, ignore_stale_grad: bool, written: bool) -> int:
+    """This rank's flags for a step of Gluon `params`: STALE for a gradient
+    backward has not updated (unless ignored), WRITTEN where weights or
+    optimizer states were written outside training since the last step."""
+    stale = not ignore_stale_grad and stale_gradient(params)
+    return (STALE if stale else 0) | (WRITTEN if written else 0)
 
 
 def stale_gradient(params) -> bool:

@@ -190,6 +190,19 @@ class Stream:
             LIB.mxmpi_store_close(self.id)
 
 
+def rank_table(stream: Stream, row: np.ndarray, desc: str,
+               context: bytes | None = None) -> np.ndarray:
+    """[ranks x len(row)] table of every rank's int64 `row` over `stream`'s
+    communicator (collective): one allreduce of a table that is zero except
+    for this rank's row, so exact. `desc` is what the ranks agree on."""
+    table = np.zeros((stream.comm.size, row.size), dtype=np.int64)
+    table[stream.comm.rank] = row
+    arr = mx.nd.array(table, dtype="int64")
+    stream.push([Call(_native.ALLREDUCE, [arr], [arr], dtype=np.int64, shapes=[arr.shape],
+                      desc="%s shape=%s int64" % (desc, arr.shape), label=desc)], context)
+    return arr.asnumpy()
+
+
 # ---------------------------------------------------------------- free functions
 _streams: dict = {}
 _streams_lock = threading.Lock()

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from typing import Callable
 
 import mxnet as mx
 import numpy as np
 
-from . import _native, settings
+from . import settings
 from .errors import MPIKVStoreError
 from .joining import broadcast_from
 
@@ -52,13 +53,17 @@ def _digest(arr: mx.nd.NDArray) -> int:
 
 def _named_arrays(target) -> list:
     """[(name, first device's array)] of a Trainer's, a ParameterDict's or a
-    dict's parameters, in a rank-independent order."""
+    dict's parameters, in a rank-independent order: the Trainer's (its keys')
+    or the ParameterDict's (creation) order, since Gluon's name counters can
+    name the same parameter differently on two ranks; a dict's sorted names."""
     if isinstance(target, mx.gluon.Trainer):
         target = target._params
-    if hasattr(target, "items"):
+    if isinstance(target, mx.gluon.ParameterDict):
+        items = list(target.items())
+    elif hasattr(target, "items"):
         items = sorted(target.items(), key=lambda kv: kv[0])
     else:
-        items = sorted(((p.name, p) for p in target), key=lambda kv: kv[0])
+        items = [(p.name, p) for p in target]
     out = []
     for name, p in items:
         if isinstance(p, mx.nd.NDArray):
@@ -85,20 +90,15 @@ def _store_of(target, store):
 
 
 def hashes_per_rank(kv, hashes: np.ndarray) -> np.ndarray:
-    """[ranks x parameters] table of every rank's hashes (one allreduce of a table
-    that is zero except for this rank's row: exact in int64)."""
-    comm = kv.comm
-    table = np.zeros((comm.size, hashes.size), dtype=np.int64)
-    table[comm.rank] = hashes
-    arr = mx.nd.array(table, dtype="int64")
-    kv.internal_collective(_native.ALLREDUCE, arr, "consistency check: parameter hashes")
-    return arr.asnumpy()
+    """[workers x parameters] table of every worker's hashes (the whole world
+    for a hybrid store: with local updates, every rank holds the weights)."""
+    return kv.rank_table(hashes, "consistency check: parameter hashes")
 
 
 def check_consistency(target, store=None, action: str | None = None) -> list[str]:
     """Compare every parameter of `target` (a Trainer, Gluon parameters, or a
     dict name -> NDArray) across the ranks of `store` (default: the Trainer's
-    store; for hybrid stores, the ranks of this group). Collective: every rank
+    store; for hybrid stores, every rank of the world). Collective: every rank
     must call it. Returns the names of the parameters that differ (the same
     list on every rank). `action` (default $MXNET_MPI_CONSISTENCY_ACTION or
     'warn'): 'warn' names the first differing parameter and its ranks;
@@ -127,11 +127,63 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
         raise MPIKVStoreError(text)
     if action == "broadcast":
         params = target._params if isinstance(target, mx.gluon.Trainer) else target
-        broadcast_from(kv, 0, params, why="consistency check")
+        broadcast_from(kv, 0, params, why="consistency check", workers=True)
         mx.nd.waitall()
         text += "; copied rank 0's weights to every rank"
     warnings.warn(text, RuntimeWarning, stacklevel=2)
     return differ
+
+
+def _state_digest(optimizer, updater, index: int) -> int:
+    """A 62-bit hash of parameter `index`'s optimizer state and update count."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr(optimizer._index_update_count.get(index)).encode())
+    pending = [updater.states.get(index) if updater is not None else None]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, mx.nd.NDArray):
+            data = np.ascontiguousarray(item.asnumpy())
+            h.update(str((data.shape, data.dtype.str)).encode())
+            h.update(data.tobytes())
+        else:
+            h.update(repr(item).encode())
+    return int.from_bytes(h.digest(), "little") >> 2
+
+
+def check_after_writes(trainer, table: Callable[[np.ndarray], np.ndarray], what: str,
+                       writers: int, fix: str) -> None:
+    """After `writers` rank(s) wrote weights or optimizer states outside
+    training (weight_writes.py), compare `trainer`'s weights, optimizer states
+    and update counts across the ranks (collective: `table(hashes)` returns
+    every rank's hashes, one row each) and raise MPIKVStoreError on every
+    rank if any differ, before this step's update is applied. `what` names
+    the step, `fix` says how else the user can make them alike."""
+    params = trainer._params
+    updater = trainer._updaters[0] if trainer._updaters else None
+    labels, hashes = [], []
+    for p in params:
+        labels.append("the weights of %r" % p.name)
+        hashes.append(_digest(p.list_data()[0]) if p._data is not None else 0)
+    for i, p in enumerate(params):
+        labels.append("the optimizer state of %r" % p.name)
+        hashes.append(_state_digest(trainer._optimizer, updater, i))
+    labels.append("the optimizer's update count")
+    hashes.append(int(trainer._optimizer.num_update))
+    rows = table(np.array(hashes, dtype=np.int64))
+    bad = [j for j in range(len(hashes)) if (rows[:, j] != rows[0, j]).any()]
+    if not bad:
+        return
+    ranks = [r for r in range(rows.shape[0]) if rows[r, bad[0]] != rows[0, bad[0]]]
+    raise MPIKVStoreError(
+        "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training since "
+        "the last step (set_data, load_parameters, initialize(force_reinit=True), "
+        "Trainer.load_states), and now the ranks differ in %d of them: first %s, where "
+        "rank(s) %s differ from rank 0. Each rank updates its own copy, so they would drift "
+        "apart; this step was not applied. Write them alike on every rank (load the same "
+        "files on every rank), or %s"
+        % (what, writers, len(bad), labels[bad[0]], ", ".join(map(str, ranks)), fix))
 
 
 class PeriodicCheck:

@@ -32,10 +32,12 @@ import mxnet as mx
 import numpy as np
 
 from . import ops, timeline
-from .batch_sizes import BatchSizes, stale_gradient
-from .collectives import check_array, stream_for
+from .batch_sizes import BatchSizes, step_flags
+from .collectives import check_array, rank_table, stream_for
+from .consistency import check_after_writes
 from .errors import MPIKVStoreError
 from .modes import create_stream
+from .mxnet_patches import WRITES_DESC, written
 from .optimizer_settings import describe
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
@@ -896,12 +898,15 @@ class DistributedTrainer(mx.gluon.Trainer):
         # for backprop (a gradient allreduce would make the wait longer).
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
-        entry = _where(self._process_set, "DistributedTrainer")
         self._agreed = self._batch_sizes.push(
-            stream_for(None) if entry is None else entry.stream, batch_size,
+            self._stream(), batch_size,
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
             describe(self._optimizer, self._scale),
-            not self._ignore_stale and stale_gradient(self._params))
+            step_flags(self._params, self._ignore_stale, written(self)))
+
+    def _stream(self):
+        entry = _where(self._process_set, "DistributedTrainer")
+        return stream_for(None) if entry is None else entry.stream
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1
@@ -926,8 +931,15 @@ class DistributedTrainer(mx.gluon.Trainer):
         if self._agreed is not None:
             agreed, self._agreed = self._agreed, None
             self._optimizer.rescale_grad = self._scale / agreed.mean()
-            agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad,
-                                             "DistributedTrainer step %d" % self._steps)
+            what = "DistributedTrainer step %d" % self._steps
+            if agreed.written_ranks:   # before any rank may raise for a stale gradient
+                stream = self._stream()
+                check_after_writes(
+                    self, lambda row: rank_table(stream, row, "DistributedTrainer: " + WRITES_DESC),
+                    what, agreed.written_ranks,
+                    "copy one rank's weights to every rank with mxnet_mpi.horovod."
+                    "broadcast_parameters(params, root_rank) called on every rank")
+            agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
         super()._update(ignore_stale_grad)
 
     def _allreduce_grads(self):

@@ -271,7 +271,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
 
     def allreduce_params(self, params, update_on_kvstore: bool, batch_size=None,
                          what: str | None = None, settings: str = "",
-                         stale: bool = False):
+                         flags: int = 0):
         """Trainer's step, in phases that keep every MPI collective of the step
         ahead of the broadcasts waiting on the servers: dense group allreduces
         (last parameter first, as backprop makes them ready) and their pushes,
@@ -285,7 +285,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                                   "(set_optimizer, or a Trainer with update_on_kvstore=True): "
                                   "a Trainer with update_on_kvstore=False needs a store whose "
                                   "servers only sum" % self.type)
-        agreed = (self.batch_agreement(batch_size, what, settings, stale)
+        agreed = (self.batch_agreement(batch_size, what, settings, flags)
                   if batch_size is not None else None)
         with self.serving(what):
             self._allreduce_phases(params, update_on_kvstore)

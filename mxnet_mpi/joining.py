@@ -20,8 +20,8 @@ from . import _native
 from .errors import MPIKVStoreError
 
 
-def _internal(store, op: int, arr, desc: str, root: int = 0) -> None:
-    store.internal_collective(op, arr, desc, root)
+def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = False) -> None:
+    store.internal_collective(op, arr, desc, root, workers)
 
 
 def issued_per_rank(store, issued: int) -> np.ndarray:
@@ -35,8 +35,12 @@ def issued_per_rank(store, issued: int) -> np.ndarray:
 
 def _param_arrays(params) -> list:
     """[(name, [arrays of every device])] of Gluon parameters, or of a dict
-    name -> NDArray (or list of the NDArrays of every device)."""
-    if hasattr(params, "items"):
+    name -> NDArray (or list of the NDArrays of every device), in an order
+    that is the same on every rank: a ParameterDict's or a list's own (Gluon
+    may name a parameter differently on two ranks), a dict's sorted names."""
+    if isinstance(params, mx.gluon.ParameterDict):
+        items = list(params.items())
+    elif hasattr(params, "items"):
         items = sorted(params.items(), key=lambda kv: kv[0])
     else:
         items = [(p.name, p) for p in params]
@@ -56,12 +60,16 @@ def _param_arrays(params) -> list:
     return out
 
 
-def broadcast_from(store, root: int, params, why: str = "join") -> None:
-    """Copy `params` from rank `root` to every rank of `store`."""
-    for name, arrays in _param_arrays(params):
+def broadcast_from(store, root: int, params, why: str = "join", workers: bool = False) -> None:
+    """Copy `params` from rank `root` to every rank of `store` (with
+    `workers`, of every worker: the whole world for a hybrid store)."""
+    named = _param_arrays(params)
+    for i, (_, arrays) in enumerate(named):
         first = arrays[0]
         host = first if first.context.device_type == "cpu" else first.as_in_context(mx.cpu())
-        _internal(store, _native.BROADCAST, host, "%s: parameter %s" % (why, name), root=root)
+        # the position, not the name: ranks may name a parameter differently
+        _internal(store, _native.BROADCAST, host, "%s: parameter %d of %d" % (why, i, len(named)),
+                  root, workers)
         for a in arrays:
             if a is not host:
                 host.copyto(a)

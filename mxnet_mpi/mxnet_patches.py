@@ -20,8 +20,9 @@ import os
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from .batch_sizes import stale_gradient
-from .consistency import PeriodicCheck
+from . import weight_writes
+from .batch_sizes import step_flags
+from .consistency import PeriodicCheck, check_after_writes
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .optimizer_settings import describe, describe_params
@@ -87,6 +88,44 @@ def _store_of(trainer) -> MPIKVStore | None:
     return kv if isinstance(kv, MPIKVStore) else None
 
 
+#: What the ranks agree on when they compare weights after writes.
+WRITES_DESC = "hashes of the weights and optimizer states after writes"
+TRAINER_FIX = ("write them before creating the Trainer (it copies rank 0's weights to every "
+               "rank then), or copy rank 0's weights to every rank with "
+               "mxnet_mpi.check_consistency(trainer, action='broadcast') called on every rank")
+
+
+def written(trainer) -> bool:
+    """Whether `trainer`'s weights or optimizer states were written outside
+    training since its last step (weight_writes)."""
+    watch = getattr(trainer, "_mxmpi_writes", None)
+    return watch is not None and watch.written(trainer, trainer._params)
+
+
+def _patch_parameter() -> None:
+    """Note writes of a Trainer's parameters (weight_writes): set_data (also
+    load_parameters') and initialize(force_reinit=True)."""
+    Parameter = mx.gluon.Parameter
+    orig_set_data = Parameter.set_data
+    orig_initialize = Parameter.initialize
+
+    @functools.wraps(orig_set_data)
+    def set_data(self, data):
+        orig_set_data(self, data)
+        if self._trainer is not None:
+            weight_writes.note(self)
+
+    @functools.wraps(orig_initialize)
+    def initialize(self, *args, **kwargs):
+        orig_initialize(self, *args, **kwargs)
+        force = kwargs.get("force_reinit", args[3] if len(args) > 3 else False)
+        if force and self._trainer is not None:
+            weight_writes.note(self)
+
+    Parameter.set_data = set_data
+    Parameter.initialize = initialize
+
+
 def _patch_trainer() -> None:
     trainer_mod = mx.gluon.trainer
     Trainer = trainer_mod.Trainer
@@ -102,6 +141,7 @@ def _patch_trainer() -> None:
                  compression_params=None, update_on_kvstore=None):
         orig_init(self, params, optimizer, optimizer_params, kvstore=kvstore,
                   compression_params=compression_params, update_on_kvstore=update_on_kvstore)
+        self._mxmpi_writes = weight_writes.Watch()
         kv = resolve(kvstore)
         if kv is None:
             return
@@ -157,11 +197,12 @@ def _patch_trainer() -> None:
             return orig_public_update(self, batch_size, ignore_stale_grad)
         if not self._kv_initialized:
             self._init_kvstore()   # as update() does first; rescale_grad is set after
+        self._mxmpi_call = "Trainer.update"   # in _update's messages, with allreduce_grads' count
         if not self._update_on_kvstore:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"
                 % getattr(self, "_mxmpi_count", 0), describe(self._optimizer, self._scale),
-                not ignore_stale_grad and stale_gradient(self._params))
+                step_flags(self._params, ignore_stale_grad, written(self)))
         try:
             return orig_public_update(self, batch_size, ignore_stale_grad)
         finally:
@@ -175,12 +216,12 @@ def _patch_trainer() -> None:
         batch = None if uok else getattr(self, "_mxmpi_batch", None)
         what = "%s %d: gradient allreduce" % (getattr(self, "_mxmpi_call", "Trainer.step"),
                                               getattr(self, "_mxmpi_count", 0))
-        settings, stale = "", False
+        settings, flags = "", 0
         if batch is not None:
             settings = describe(self._optimizer, self._scale)
-            stale = (not getattr(self, "_mxmpi_ignore_stale", False)
-                     and stale_gradient(self._params))
-        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, stale)
+            flags = step_flags(self._params, getattr(self, "_mxmpi_ignore_stale", False),
+                               written(self))
+        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, flags)
         if agreed is not None:
             self._mxmpi_agreed = agreed
 
@@ -189,10 +230,13 @@ def _patch_trainer() -> None:
         if agreed is not None:
             self._mxmpi_agreed = None
             self._optimizer.rescale_grad = self._scale / agreed.mean()
-            agreed.refuse_if_stale_elsewhere(
-                self._params, ignore_stale_grad, "%s %d" % (
-                    getattr(self, "_mxmpi_call", "Trainer.step"),
-                    getattr(self, "_mxmpi_count", 0)))
+            what = "%s %d" % (getattr(self, "_mxmpi_call", "Trainer.step"),
+                              getattr(self, "_mxmpi_count", 0))
+            if agreed.written_ranks:   # before any rank may raise for a stale gradient
+                kv = self._kvstore
+                check_after_writes(self, lambda row: kv.rank_table(row, WRITES_DESC), what,
+                                   agreed.written_ranks, TRAINER_FIX)
+            agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
         return orig_update(self, ignore_stale_grad)
 
     orig_sparse_create = trainer_mod._create_sparse_kvstore
@@ -215,7 +259,15 @@ def _patch_trainer() -> None:
             return result
         return run
 
+    orig_load_states = Trainer.load_states
+
+    @functools.wraps(orig_load_states)
+    def load_states(self, fname):
+        orig_load_states(self, fname)
+        weight_writes.note(self)
+
     Trainer.__init__ = __init__
+    Trainer.load_states = load_states
     Trainer._allreduce_grads = _allreduce_grads
     Trainer._update = _update
     Trainer.step = checked(step)
@@ -376,6 +428,7 @@ def apply() -> None:
         return
     mx.kv.create = _patched_create(mx.kv.create)
     mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
+    _patch_parameter()
     _patch_trainer()
     _patch_module()
     _patch_module_fit()

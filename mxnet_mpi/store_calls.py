@@ -169,11 +169,15 @@ class StoreCalls:
 
         self._run([(key, [src], [dst])], build, op, verb)
 
-    def internal_collective(self, op: int, arr, desc: str, root: int = 0) -> None:
+    def internal_collective(self, op: int, arr, desc: str, root: int = 0,
+                            workers: bool = False) -> None:
         """An in-place collective on a host array outside any key (its layout may
-        change between calls), described by `desc` (what ranks agree on)."""
+        change between calls), described by `desc` (what ranks agree on); over
+        the store's communicator, or with `workers` over every worker of the
+        store (the whole world for a hybrid store)."""
         self._usable()
-        self._stream.push([Call(op, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
+        stream = self._workers_stream() if workers else self._stream
+        stream.push([Call(op, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
                                 desc="%s shape=%s %s" % (desc, tuple(arr.shape),
                                                          np.dtype(arr.dtype)),
                                 label=desc, root=root)], self._context)

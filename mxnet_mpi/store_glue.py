@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .batch_sizes import BatchSizes
+from .collectives import rank_table
 from .keys import Key
 
 #: At most one comparison of the ranks' optimizer settings per this many
@@ -53,18 +56,19 @@ class FrameworkGlue:
             self._keys.set_name(key, name)
 
     def batch_agreement(self, batch_size, what: str | None = None,
-                        settings: str = "", stale: bool = False) -> BatchSizes:
+                        settings: str = "", flags: int = 0) -> BatchSizes:
         """Push the allreduce of this rank's `batch_size` over every worker of
         the store (collective); read the result with .mean() or .total()
         (docs/store.md, "Batch sizes"), which raise if the ranks' optimizer
         `settings` (optimizer_settings.describe) differ; the sum's
-        stale_ranks counts the ranks that passed `stale`."""
+        stale_ranks and written_ranks count the ranks that passed
+        each of `flags` (batch_sizes.STALE, WRITTEN)."""
         self._usable()
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
         return self._batch_sizes.push(self._workers_stream(), batch_size,
                                       what.encode() if what else self._context, settings,
-                                      stale)
+                                      flags)
 
     def settings_check(self, settings: Callable[[], str]) -> None:
         """Compare the ranks' optimizer settings, `settings()` (collective; for
@@ -91,6 +95,12 @@ class FrameworkGlue:
             previous.total()   # raises if the ranks' settings differed
         self._settings_pending = (previous or BatchSizes()).push(
             self._workers_stream(), 0, self._context, settings())
+
+    def rank_table(self, row: np.ndarray, desc: str) -> np.ndarray:
+        """[workers x len(row)] table of every worker's int64 `row` (collective
+        over every worker of the store; `desc` is what they agree on)."""
+        self._usable()
+        return rank_table(self._workers_stream(), row, desc, self._context)
 
     def _workers_stream(self):
         """The stream over every worker (num_workers) of the store."""
@@ -122,7 +132,7 @@ class FrameworkGlue:
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
                          what: str | None = None, settings: str = "",
-                         stale: bool = False) -> BatchSizes | None:
+                         flags: int = 0) -> BatchSizes | None:
         """Trainer's gradient reduction, issued last parameter first: backprop
         makes gradients ready from the output layer back, so collectives follow
         readiness instead of waiting for the input layer. Built once, then one
@@ -136,9 +146,9 @@ class FrameworkGlue:
         self._reductions += 1
         context = what.encode() if what else None
         if self._updater is None and not update_on_kvstore \
-                and self._plan.push(params, batch_size, context, settings, stale):
+                and self._plan.push(params, batch_size, context, settings, flags):
             return self._plan.batch_sizes if batch_size is not None else None
-        agreed = (self.batch_agreement(batch_size, what, settings, stale)
+        agreed = (self.batch_agreement(batch_size, what, settings, flags)
                   if batch_size is not None else None)
         groups = []
         for i in reversed(range(len(params))):

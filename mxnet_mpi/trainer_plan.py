@@ -45,10 +45,10 @@ class TrainerPlan:
         self._fingerprint = None
 
     def push(self, params, batch_size=None, context: bytes | None = None,
-             settings: str = "", stale: bool = False) -> bool:
+             settings: str = "", flags: int = 0) -> bool:
         """Push the allreduce of `params`' gradients (and with `batch_size`, the
         sum of the ranks' batch sizes into self.batch_sizes, compared with the
-        optimizer `settings` and the `stale` flag); False if they cannot use a plan (several
+        optimizer `settings` and the `flags`); False if they cannot use a plan (several
         devices, device arrays, sparse): the caller takes the general path.
         `context` names the call in messages."""
         live = [(i, params[i]) for i in reversed(range(len(params)))
@@ -63,7 +63,7 @@ class TrainerPlan:
             self._store.stream.push_raw(self._array, len(self._calls), context)
         else:
             self.batch_sizes.fill(batch_size, settings,
-                                  context.decode(errors="replace") if context else "", stale)
+                                  context.decode(errors="replace") if context else "", flags)
             self._store.stream.push_raw(self._batch_array, len(self._batch_calls), context)
         return True
 

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "mxnet_mpi"
 # runner, Horovod API, SyncBatchNorm) and the package itself.
 LAYERS = [
     {"errors", "settings", "shm_segments", "transport", "routes", "report", "launch_watch",
-     "pslite_roles", "optimizer_settings"},
+     "pslite_roles", "optimizer_settings", "weight_writes"},
     {"_native", "timeline", "world"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "device_meeting",
      "server_keys"},

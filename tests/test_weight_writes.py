@@ -1,0 +1,49 @@
+"""Weights or optimizer states written on some ranks only after the trainer
+exists (set_data, load_parameters, initialize(force_reinit=True),
+Trainer.load_states) would drift apart silently, each rank updating its own
+copy: every rank raises at the next step, before applying it, naming what
+differs; written alike on every rank, training goes on bit-identical
+(tests/scripts/weight_writes.py)."""
+
+import json
+
+import pytest
+from pool import run_pooled
+
+SECTIONS = {
+    "funneled": "set_data,set_data_update,load_parameters,load_states,force_reinit,alike,"
+                "horovod",
+    # concurrent splits collectives by size: another carrier of the batch sizes
+    "concurrent": "set_data,alike",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(SECTIONS))
+def test_rank_local_writes_are_stopped_and_alike_ones_train_on(tmp_path, mode):
+    run_pooled("weight_writes.py", 2, mode, str(tmp_path), SECTIONS[mode], timeout=240)
+    ranks = [json.loads((tmp_path / ("rank%d.json" % r)).read_text()) for r in range(2)]
+    for r in ranks:
+        bad = {k: v for k, v in r["sections"].items() if v["status"] != "OK"}
+        assert not bad, (r["rank"], bad)
+        assert sorted(r["sections"]) == sorted(SECTIONS[mode].split(","))
+    assert ranks[0]["digests"] == ranks[1]["digests"]
+    want = {"set_data", "alike"} | ({"set_data_update", "horovod"} if mode == "funneled" else set())
+    assert set(ranks[0]["digests"]) == want
+
+
+def test_hybrid_local_updates_compare_over_the_world():
+    """dist_sync_mpi with local updates, 2 groups of 1: a write on rank 1 (the
+    other group) is refused on both ranks; check_consistency's broadcast copies
+    rank 0's weights across the groups, and the ranks train on identical."""
+    import sys
+
+    from launching import run as launch
+    from mpirun import SCRIPTS
+
+    out = launch(2, 2, 1, [sys.executable, str(SCRIPTS / "hybrid_writes.py")], timeout=120).stdout
+    refused = [ln for ln in out.splitlines() if "REFUSED" in ln]
+    assert len(refused) == 2 and all("NOT REFUSED" not in ln for ln in refused), out[-3000:]
+    assert all("Trainer.step 2" in ln and "rank(s) 1 differ from rank 0" in ln
+               for ln in refused), refused
+    weights = {ln.split("WEIGHTS ")[1] for ln in out.splitlines() if "WEIGHTS " in ln}
+    assert len(weights) == 1 and out.count("WEIGHTS ") == 2, out[-3000:]
