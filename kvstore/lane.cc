@@ -44,6 +44,18 @@ bool Fusable(const Request& r, int64_t limit) {
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// How a collective reduces, where not a plain sum: ranks can disagree on it
+// alone (kv.average set on one rank), with the same key, shape and dtype.
+std::string Reduction(int flags) {
+  std::string s;
+  if (flags & kAverage) s += ", averaged";
+  if (flags & kCompressFp16) s += ", fp16 on the wire";
+  if (flags & kMin) s += ", min";
+  if (flags & kMax) s += ", max";
+  if (flags & kProduct) s += ", product";
+  return s;
+}
+
 // The check round's words of this rank for `cands` (or a joined stand-in).
 void FillCheck(const std::vector<Request*>& cands, bool joined, int64_t* v) {
   if (joined) {
@@ -391,7 +403,7 @@ Agreement Lane::Agree(const std::vector<Request*>& cands, bool joined,
 std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joined) {
   struct Record {
     int64_t seq, count;
-    int32_t token, joined;
+    int32_t token, joined, flags;
     char desc[200];
     char where[240];   // Where(): the parameter and the push, as this rank names them
     char reason[440];
@@ -404,6 +416,7 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
     mine.seq = static_cast<int64_t>(r.seq);
     mine.count = r.Count();
     mine.token = r.token.empty() ? 0 : 1;
+    mine.flags = r.flags;
     std::strncpy(mine.desc, r.desc.c_str(), sizeof(mine.desc) - 1);
     std::strncpy(mine.where, Where(r).c_str(), sizeof(mine.where) - 1);
     std::strncpy(mine.reason, r.token.c_str(), sizeof(mine.reason) - 1);
@@ -418,7 +431,7 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
     if (rec.joined) continue;
     if (!ref) ref = &rec;
     differ = differ || rec.seq != ref->seq || std::strcmp(rec.desc, ref->desc) != 0 ||
-             rec.count != ref->count;
+             rec.count != ref->count || rec.flags != ref->flags;
   }
   for (int i = 0; i < size_; ++i) {
     if (!all[i].token) continue;
@@ -436,7 +449,8 @@ std::string Lane::DescribeFailure(const std::vector<Request*>& cands, bool joine
     for (int i = 0; i < size_; ++i) {
       if (all[i].joined) continue;
       os << (first ? "" : "; ") << "rank " << i << " runs #" << all[i].seq << " "
-         << Quote(all[i].desc) << " (" << all[i].count << " elements)" << all[i].where;
+         << Quote(all[i].desc) << " (" << all[i].count << " elements"
+         << Reduction(all[i].flags) << ")" << all[i].where;
       first = false;
     }
   }

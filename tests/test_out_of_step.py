@@ -45,6 +45,15 @@ def test_engine_failure_upstream_is_named_on_the_other_rank(records):
     assert r0["after"] == [True, True] and r1["after"] == [True, True]
 
 
+def test_reduction_set_on_one_rank_is_named_then_exact(records):
+    for rec in records:
+        r = rec["average_on_one_rank"]
+        assert r["step1"][0] == "MPIKVStoreError" and "ranks disagree" in r["step1"][1]
+        assert "rank 0 runs #" in r["step1"][1] and "(4 elements); rank 1" in r["step1"][1]
+        assert "(4 elements, averaged)" in r["step1"][1], r["step1"][1]
+        assert r["after"] == ["ok", True]
+
+
 def test_failed_collective_does_not_poison_the_next(records):
     for rec in records:
         r = rec["failed_then_valid"]

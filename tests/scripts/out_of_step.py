@@ -82,6 +82,20 @@ def dtype_change(kv) -> dict:
     return {"step1": outcome(step1), "after": steps_after(kv, "d", 2, 3)}
 
 
+def average_on_one_rank(kv) -> dict:
+    """kv.average set on rank 1 only: key, shape and dtype agree, the
+    reduction does not; then both average, exact."""
+    kv.average = RANK == 1
+    a = value(1)
+    kv.pushpull("avg", a)
+    first = outcome(lambda: a.asnumpy())
+    kv.average = True
+    b = value(2)
+    kv.pushpull("avg", b)
+    after = outcome(lambda: bool(np.all(b.asnumpy() == want(2) / SIZE)))
+    return {"step1": first, "after": after}
+
+
 class Boom(mx.operator.CustomOp):
     def forward(self, is_train, req, in_data, out_data, aux):
         raise RuntimeError("boom in an engine op on rank %d" % RANK)
@@ -146,7 +160,8 @@ def free_functions() -> dict:
 
 
 for name, fn in [("bad_out", bad_out), ("dtype_change", dtype_change),
-                 ("engine_failure", engine_failure), ("failed_then_valid", failed_then_valid)]:
+                 ("engine_failure", engine_failure), ("failed_then_valid", failed_then_valid),
+                 ("average_on_one_rank", average_on_one_rank)]:
     kv = mx.kv.create("mpi_" + mode)
     record[name] = fn(kv)
     mx.nd.waitall()
