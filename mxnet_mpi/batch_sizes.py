@@ -143,6 +143,37 @@ class BatchSizes:
                     label=NAME, name=NAME, priority=priority)
 
 
+class SettingsComparison:
+    """Compares the ranks' optimizer settings, for updates that sum no batch
+    sizes (Module's, DistributedOptimizer's), at most once per `period` of a
+    count that is the same on every rank at each call, never waiting: each
+    comparison is read at the next one, and raises then on every rank if the
+    settings differed. Waiting at once would keep a Python-bound loop from
+    running ahead of its collectives."""
+
+    def __init__(self, period: int) -> None:
+        self.period = period
+        self._window: int | None = None
+        self._pending: BatchSizes | None = None
+
+    def restart(self, count: int) -> None:
+        """Count afresh from `count` (after a join, where call counts differ)."""
+        self._window = count // self.period
+
+    def tick(self, count: int, stream, context: bytes | None, settings) -> None:
+        """At the first call and the first after each `period` of `count`:
+        push a comparison of `settings()` (optimizer_settings.describe) over
+        `stream` (collective) and read the previous one."""
+        window = count // self.period
+        if window == self._window:
+            return
+        self._window = window
+        previous, self._pending = self._pending, None
+        if previous is not None:
+            previous.total()   # raises if the ranks' settings differed
+        self._pending = (previous or BatchSizes()).push(stream, 0, context, settings())
+
+
 def step_flags(params, ignore_stale_grad: bool, written: bool) -> int:
     """This rank's flags for a step of Gluon `params`: STALE for a gradient
     backward has not updated (unless ignored), WRITTEN where weights or

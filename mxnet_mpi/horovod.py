@@ -32,7 +32,7 @@ import mxnet as mx
 import numpy as np
 
 from . import ops, timeline
-from .batch_sizes import BatchSizes, step_flags
+from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import check_array, rank_table, stream_for
 from .consistency import check_after_writes
 from .errors import MPIKVStoreError
@@ -56,6 +56,9 @@ Adasum = 2
 Min = 3
 Max = 4
 Product = 5
+#: DistributedOptimizer compares the ranks' optimizer settings at most once
+#: per this many updates (each comparison read at the next).
+SETTINGS_UPDATES = 64
 _OP_NAMES = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
 _OPS_BY_NAME = {name: value for value, name in _OP_NAMES.items()}
 
@@ -279,6 +282,12 @@ def _where(process_set, what: str) -> _Set | None:
         raise MPIKVStoreError("hvd.%s: rank %d is not a member of the provided process set %s"
                               % (what, rank(), process_set))
     return entry
+
+
+def _stream_of(process_set, what: str):
+    """The stream of `process_set`'s collectives (this rank must be a member)."""
+    entry = _where(process_set, what)
+    return stream_for(None) if entry is None else entry.stream
 
 
 def _root_in(entry: _Set | None, root_rank, what: str) -> int:
@@ -806,6 +815,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         self._optimizer.rescale_grad *= gradient_predivide_factor / self._process_set.size()
         self._gradient_predivide_factor = gradient_predivide_factor
         self._num_groups = num_groups
+        self._updates = 0
+        self._settings = SettingsComparison(SETTINGS_UPDATES)
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -834,13 +845,28 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         else:
             allreduce_(grad, name=str(index), prescale_factor=pre, process_set=ps, op=Sum)
 
+    def _compare_settings(self) -> None:
+        # Horovod lets each rank apply its own optimizer; ranks whose settings
+        # differ would drift apart silently. Compared without a wait, at most
+        # once per SETTINGS_UPDATES updates (as Module's, docs/store.md).
+        if self._process_set.size() == 1:
+            return
+        self._updates += 1
+        opt = self._optimizer
+        self._settings.tick(
+            self._updates, _stream_of(self._process_set, "DistributedOptimizer"),
+            b"DistributedOptimizer update %d" % self._updates,
+            lambda: describe(opt, opt.rescale_grad, "rescale_grad"))
+
     def update(self, index, weight, grad, state):
         if self._process_set.included():
+            self._compare_settings()
             self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
         if self._process_set.included():
+            self._compare_settings()
             self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
@@ -899,14 +925,11 @@ class DistributedTrainer(mx.gluon.Trainer):
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
         self._agreed = self._batch_sizes.push(
-            self._stream(), batch_size,
+            _stream_of(self._process_set, "DistributedTrainer"), batch_size,
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
             describe(self._optimizer, self._scale),
             step_flags(self._params, self._ignore_stale, written(self)))
 
-    def _stream(self):
-        entry = _where(self._process_set, "DistributedTrainer")
-        return stream_for(None) if entry is None else entry.stream
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1
@@ -933,7 +956,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._optimizer.rescale_grad = self._scale / agreed.mean()
             what = "DistributedTrainer step %d" % self._steps
             if agreed.written_ranks:   # before any rank may raise for a stale gradient
-                stream = self._stream()
+                stream = _stream_of(self._process_set, "DistributedTrainer")
                 check_after_writes(
                     self, lambda row: rank_table(stream, row, "DistributedTrainer: " + WRITES_DESC),
                     what, agreed.written_ranks,

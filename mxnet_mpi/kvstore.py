@@ -18,7 +18,7 @@ import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
 from . import _native, modes, settings, staging
-from .batch_sizes import BatchSizes
+from .batch_sizes import BatchSizes, SettingsComparison
 from .collectives import (
     Stream,
     check_array,
@@ -81,8 +81,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         # What the pushes are for, printed in their messages (see serving())
         self._context: bytes | None = None
         self._batch_sizes: BatchSizes | None = None   # general path (batch_agreement)
-        self._settings_pending: BatchSizes | None = None   # settings_check
-        self._settings_window: int | None = None   # settings_check
+        self._settings = SettingsComparison(SETTINGS_COLLECTIVES)   # settings_check
         self._reductions = 0   # Trainer gradient reductions so far
         register(self)
         global _announced
@@ -344,7 +343,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         root = join_store(self, params, updater)
         # the ranks that joined early made fewer settings_check calls: start
         # the window afresh from the count of collectives, the same everywhere
-        self._settings_window = self._workers_stream().info()[0] // SETTINGS_COLLECTIVES
+        self._settings.restart(self._workers_stream().info()[0])
         return root
 
     def __getstate__(self):

@@ -33,15 +33,16 @@ def _scalars(obj) -> list:
             if not k.startswith("_") and k not in SKIPPED and isinstance(v, _SCALARS)]
 
 
-def describe(optimizer, scale: float | None = None) -> str:
+def describe(optimizer, scale: float | None = None, scale_name: str = "trainer scale") -> str:
     """The settings of `optimizer` that shape its updates, as one line; with
     a Trainer's `scale` (its rescale_grad at construction, which the
-    batch-size rule divides by the mean batch size)."""
+    batch-size rule divides by the mean batch size), or another scale named
+    `scale_name`."""
     if optimizer is None:
         return ""
     fields = [type(optimizer).__name__] + _scalars(optimizer)
     if scale is not None:
-        fields.append("trainer scale=%r" % scale)
+        fields.append("%s=%r" % (scale_name, scale))
     for table in ("lr_mult", "wd_mult"):
         value = getattr(optimizer, table, None)
         if value:

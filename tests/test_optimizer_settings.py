@@ -13,7 +13,7 @@ from pool import run_pooled
 
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
-                "rescale_grad,set_learning_rate,same,module,horovod,set_optimizer,"
+                "rescale_grad,set_learning_rate,same,module,horovod,horovod_optimizer,set_optimizer,"
                 "stale_gradient,stale_gradient_horovod",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "learning_rate,same",

@@ -154,6 +154,29 @@ def section_horovod(res: Results) -> None:
                    "lr=%r" % lr)
 
 
+def section_horovod_optimizer(res: Results) -> None:
+    """mxnet_mpi.horovod.DistributedOptimizer (each rank applies its own, as in
+    Horovod): equal settings pass the first comparison; set_learning_rate on
+    one rank is refused within two comparison periods of updates."""
+    import mxnet_mpi.horovod as hvd
+    from mxnet_mpi.horovod import SETTINGS_UPDATES
+    hvd.init()
+    net, x, y = net_and_data()
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1))
+    trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    for _ in range(2):
+        one_step(net, trainer, x, y)
+    mx.nd.waitall()
+    if OTHER:
+        opt.set_learning_rate(0.5)
+
+    def more() -> None:   # 4 parameters: 4 updates a step
+        for _ in range(2 * SETTINGS_UPDATES // 4 + 2):
+            one_step(net, trainer, x, y)
+    expect_refusal(res, more, "DistributedOptimizer update", "lr=0.5" if OTHER else "lr=0.1")
+
+
 def section_set_optimizer(res: Results) -> None:
     """The KVStore API's set_optimizer: every rank applies its own."""
     kv = mx.kv.create("mpi_" + MODE)
@@ -235,6 +258,7 @@ SECTION_FNS = {
     "same": section_same,
     "module": section_module,
     "horovod": section_horovod,
+    "horovod_optimizer": section_horovod_optimizer,
     "set_optimizer": section_set_optimizer,
     "stale_gradient": stale_gradient(gluon_trainer),
     "stale_gradient_horovod": stale_gradient(hvd_trainer),
