@@ -160,10 +160,14 @@ class SettingsComparison:
         """Count afresh from `count` (after a join, where call counts differ)."""
         self._window = count // self.period
 
-    def tick(self, count: int, stream, context: bytes | None, settings) -> None:
+    def tick(self, count: int, stream, context: bytes | None, settings, written=None,
+             after_writes=None) -> None:
         """At the first call and the first after each `period` of `count`:
         push a comparison of `settings()` (optimizer_settings.describe) over
-        `stream` (collective) and read the previous one."""
+        `stream` (collective) and read the previous one. With `written` (a
+        callable: whether this rank wrote weights or optimizer states outside
+        training since its last push), a previous comparison in which any rank
+        had calls `after_writes(ranks that had)` (collective) on every rank."""
         window = count // self.period
         if window == self._window:
             return
@@ -171,7 +175,10 @@ class SettingsComparison:
         previous, self._pending = self._pending, None
         if previous is not None:
             previous.total()   # raises if the ranks' settings differed
-        self._pending = (previous or BatchSizes()).push(stream, 0, context, settings())
+            if previous.written_ranks and after_writes is not None:
+                after_writes(previous.written_ranks)
+        flags = WRITTEN if written is not None and written() else 0
+        self._pending = (previous or BatchSizes()).push(stream, 0, context, settings(), flags)
 
 
 def step_flags(params, ignore_stale_grad: bool, written: bool) -> int:

@@ -134,6 +134,11 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
     return differ
 
 
+#: The calls whose writes are noted (weight_writes.py).
+WRITES = ("set_data, load_parameters, initialize(force_reinit=True), Trainer.load_states, "
+          "Module.set_params, Module.load_optimizer_states")
+
+
 def _state_digest(optimizer, updater, index: int) -> int:
     """A 62-bit hash of parameter `index`'s optimizer state and update count."""
     h = hashlib.blake2b(digest_size=8)
@@ -152,38 +157,44 @@ def _state_digest(optimizer, updater, index: int) -> int:
     return int.from_bytes(h.digest(), "little") >> 2
 
 
-def check_after_writes(trainer, table: Callable[[np.ndarray], np.ndarray], what: str,
-                       writers: int, fix: str) -> None:
+def trainer_weights(trainer) -> list:
+    """[(name, first device's weights or None, optimizer index)] of a
+    Trainer's parameters, by key."""
+    return [(p.name, p.list_data()[0] if p._data is not None else None, i)
+            for i, p in enumerate(trainer._params)]
+
+
+def check_after_writes(weights: list, optimizer, updater,
+                       table: Callable[[np.ndarray], np.ndarray], what: str, writers: int,
+                       outcome: str, fix: str) -> None:
     """After `writers` rank(s) wrote weights or optimizer states outside
-    training (weight_writes.py), compare `trainer`'s weights, optimizer states
-    and update counts across the ranks (collective: `table(hashes)` returns
-    every rank's hashes, one row each) and raise MPIKVStoreError on every
-    rank if any differ, before this step's update is applied. `what` names
-    the step, `fix` says how else the user can make them alike."""
-    params = trainer._params
-    updater = trainer._updaters[0] if trainer._updaters else None
+    training (weight_writes.py), compare the `weights` ([(name, array or
+    None, optimizer index)], in an order the same on every rank), the
+    `updater`'s states and the `optimizer`'s update counts across the ranks
+    (collective: `table(hashes)` returns every rank's hashes, one row each)
+    and raise MPIKVStoreError on every rank if any differ. `what` names the
+    call, `outcome` what became of it, `fix` how else to make them alike."""
     labels, hashes = [], []
-    for p in params:
-        labels.append("the weights of %r" % p.name)
-        hashes.append(_digest(p.list_data()[0]) if p._data is not None else 0)
-    for i, p in enumerate(params):
-        labels.append("the optimizer state of %r" % p.name)
-        hashes.append(_state_digest(trainer._optimizer, updater, i))
+    for name, arr, _ in weights:
+        labels.append("the weights of %r" % name)
+        hashes.append(_digest(arr) if arr is not None else 0)
+    for name, _, index in weights:
+        labels.append("the optimizer state of %r" % name)
+        hashes.append(_state_digest(optimizer, updater, index))
     labels.append("the optimizer's update count")
-    hashes.append(int(trainer._optimizer.num_update))
+    hashes.append(int(optimizer.num_update))
     rows = table(np.array(hashes, dtype=np.int64))
     bad = [j for j in range(len(hashes)) if (rows[:, j] != rows[0, j]).any()]
     if not bad:
         return
     ranks = [r for r in range(rows.shape[0]) if rows[r, bad[0]] != rows[0, bad[0]]]
     raise MPIKVStoreError(
-        "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training since "
-        "the last step (set_data, load_parameters, initialize(force_reinit=True), "
-        "Trainer.load_states), and now the ranks differ in %d of them: first %s, where "
-        "rank(s) %s differ from rank 0. Each rank updates its own copy, so they would drift "
-        "apart; this step was not applied. Write them alike on every rank (load the same "
-        "files on every rank), or %s"
-        % (what, writers, len(bad), labels[bad[0]], ", ".join(map(str, ranks)), fix))
+        "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training (%s), "
+        "and now the ranks differ in %d of them: first %s, where rank(s) %s differ from rank "
+        "0. Each rank updates its own copy, so they would drift apart; %s. Write them alike "
+        "on every rank (load the same files on every rank), or %s"
+        % (what, writers, WRITES, len(bad), labels[bad[0]], ", ".join(map(str, ranks)),
+           outcome, fix))
 
 
 class PeriodicCheck:

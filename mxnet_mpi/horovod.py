@@ -34,10 +34,10 @@ import numpy as np
 from . import ops, timeline
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import check_array, rank_table, stream_for
-from .consistency import check_after_writes
+from .consistency import check_after_writes, trainer_weights
 from .errors import MPIKVStoreError
 from .modes import create_stream
-from .mxnet_patches import WRITES_DESC, written
+from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_settings import describe
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
@@ -958,8 +958,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             if agreed.written_ranks:   # before any rank may raise for a stale gradient
                 stream = _stream_of(self._process_set, "DistributedTrainer")
                 check_after_writes(
-                    self, lambda row: rank_table(stream, row, "DistributedTrainer: " + WRITES_DESC),
-                    what, agreed.written_ranks,
+                    trainer_weights(self), self._optimizer, self._updaters[0],
+                    lambda row: rank_table(stream, row, "DistributedTrainer: " + WRITES_DESC),
+                    what, agreed.written_ranks, NOT_APPLIED,
                     "copy one rank's weights to every rank with mxnet_mpi.horovod."
                     "broadcast_parameters(params, root_rank) called on every rank")
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)

@@ -22,7 +22,7 @@ from mxnet.kvstore import KVStoreBase
 
 from . import weight_writes
 from .batch_sizes import step_flags
-from .consistency import PeriodicCheck, check_after_writes
+from .consistency import PeriodicCheck, check_after_writes, trainer_weights
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .optimizer_settings import describe, describe_params
@@ -90,6 +90,7 @@ def _store_of(trainer) -> MPIKVStore | None:
 
 #: What the ranks agree on when they compare weights after writes.
 WRITES_DESC = "hashes of the weights and optimizer states after writes"
+NOT_APPLIED = "this step was not applied"
 TRAINER_FIX = ("write them before creating the Trainer (it copies rank 0's weights to every "
                "rank then), or copy rank 0's weights to every rank with "
                "mxnet_mpi.check_consistency(trainer, action='broadcast') called on every rank")
@@ -234,8 +235,9 @@ def _patch_trainer() -> None:
                               getattr(self, "_mxmpi_count", 0))
             if agreed.written_ranks:   # before any rank may raise for a stale gradient
                 kv = self._kvstore
-                check_after_writes(self, lambda row: kv.rank_table(row, WRITES_DESC), what,
-                                   agreed.written_ranks, TRAINER_FIX)
+                check_after_writes(trainer_weights(self), self._optimizer, self._updaters[0],
+                                   lambda row: kv.rank_table(row, WRITES_DESC), what,
+                                   agreed.written_ranks, NOT_APPLIED, TRAINER_FIX)
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
         return orig_update(self, ignore_stale_grad)
 
@@ -277,6 +279,35 @@ def _patch_trainer() -> None:
     trainer_mod._create_sparse_kvstore = _create_sparse_kvstore
 
 
+MODULE_OUTCOME = ("they were compared at this update, a few updates after the write, and "
+                  "have been updated apart since")
+MODULE_FIX = ("write them before init_optimizer (it copies rank 0's weights to every rank "
+              "then)")
+
+
+def _module_checks(module, kv, what: str) -> None:
+    """Before a Module's update: compare the ranks' optimizer settings
+    (Module's rescale_grad included: agreed once, in init_optimizer) and,
+    after writes on any rank, their weights and states; never waiting (each
+    comparison is read a few updates later: store_glue.settings_check)."""
+    updater = getattr(module, "_updater", None)
+    optimizer = getattr(updater, "optimizer", None)
+    if optimizer is None:
+        return
+    watch = getattr(module, "_mxmpi_writes", None)
+    group = module._exec_group
+    ndev = len(module._context)
+
+    def after_writes(writers: int) -> None:
+        weights = [(name, arrays[0], i * ndev) for i, (name, arrays) in
+                   enumerate(zip(group.param_names, group.param_arrays))]
+        check_after_writes(weights, optimizer, updater,
+                           lambda row: kv.rank_table(row, WRITES_DESC), what, writers,
+                           MODULE_OUTCOME, MODULE_FIX)
+    kv.settings_check(lambda: describe(optimizer, optimizer.rescale_grad),
+                      lambda: watch is not None and watch.written(module, ()), after_writes)
+
+
 def _patch_module() -> None:
     module_mod = mx.module.module
     Module = module_mod.Module
@@ -300,9 +331,11 @@ def _patch_module() -> None:
                                            describe_params(optimizer, optimizer_params)
                                            ).total()
                 optimizer_params["rescale_grad"] = 1.0 / total
-        return orig_init_optimizer(self, kvstore=kv if kv is not None else kvstore,
-                                   optimizer=optimizer, optimizer_params=optimizer_params,
-                                   force_init=force_init)
+        result = orig_init_optimizer(self, kvstore=kv if kv is not None else kvstore,
+                                     optimizer=optimizer, optimizer_params=optimizer_params,
+                                     force_init=force_init)
+        self._mxmpi_writes = weight_writes.Watch()
+        return result
 
     @functools.wraps(orig_initialize)
     def _initialize_kvstore(kvstore, param_arrays, arg_params, param_names, update_on_kvstore):
@@ -325,12 +358,6 @@ def _patch_module() -> None:
         if not isinstance(kvstore, MPIKVStore):
             return orig_update(param_arrays, grad_arrays, updater, num_device, kvstore,
                                param_names)
-        # The ranks' optimizer settings (Module's rescale_grad included: it was
-        # agreed once, in init_optimizer), compared ahead of the gradients and
-        # read a few updates later
-        optimizer = getattr(updater, "optimizer", None)
-        if optimizer is not None:
-            kvstore.settings_check(lambda: describe(optimizer, optimizer.rescale_grad))
         # Last parameter first: the order backprop makes gradients ready.
         for index in reversed(range(len(grad_arrays))):
             if grad_arrays[index][0] is not None:
@@ -339,13 +366,39 @@ def _patch_module() -> None:
         return orig_update(param_arrays, grad_arrays, updater, num_device, None, param_names)
 
     orig_update_module = Module.update
+    orig_init_params = Module.init_params
+    orig_load_states = Module.load_optimizer_states
+
+    @functools.wraps(orig_init_params)
+    def init_params(self, *args, **kwargs):
+        was = self.params_initialized
+        orig_init_params(self, *args, **kwargs)
+        force = kwargs.get("force_init", args[4] if len(args) > 4 else False)
+        if self.optimizer_initialized and (force or not was):
+            weight_writes.note(self)
+
+    orig_set_params = Module.set_params
+
+    @functools.wraps(orig_set_params)
+    def set_params(self, *args, **kwargs):   # allow_missing=True bypasses init_params
+        orig_set_params(self, *args, **kwargs)
+        if self.optimizer_initialized:
+            weight_writes.note(self)
+
+    @functools.wraps(orig_load_states)
+    def load_optimizer_states(self, fname):
+        orig_load_states(self, fname)
+        weight_writes.note(self)
 
     @functools.wraps(orig_update_module)
     def update(self):
         if not isinstance(self._kvstore, MPIKVStore):
             return orig_update_module(self)
         self._mxmpi_count = getattr(self, "_mxmpi_count", 0) + 1
-        with self._kvstore.serving("Module.update %d: gradient allreduce" % self._mxmpi_count):
+        kv = self._kvstore
+        what = "Module.update %d" % self._mxmpi_count
+        with kv.serving(what + ": gradient allreduce"):
+            _module_checks(self, kv, what)
             orig_update_module(self)
         if not hasattr(self, "_mxmpi_check"):
             self._mxmpi_check = PeriodicCheck()
@@ -353,6 +406,9 @@ def _patch_module() -> None:
         self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)), self._kvstore)
 
     Module.init_optimizer = init_optimizer
+    Module.init_params = init_params
+    Module.set_params = set_params
+    Module.load_optimizer_states = load_optimizer_states
     Module.update = update
     module_mod._initialize_kvstore = _initialize_kvstore
     module_mod._update_params = _update_params

@@ -70,7 +70,8 @@ class FrameworkGlue:
                                       what.encode() if what else self._context, settings,
                                       flags)
 
-    def settings_check(self, settings: Callable[[], str]) -> None:
+    def settings_check(self, settings: Callable[[], str], written=None,
+                       after_writes=None) -> None:
         """Compare the ranks' optimizer settings, `settings()` (collective; for
         updates that sum no batch sizes: Module's), at the first call and then
         at the first call after each SETTINGS_COLLECTIVES collectives of the
@@ -84,10 +85,12 @@ class FrameworkGlue:
         result: 1.8 ms per step; 3.8 ms waiting at once, 2.6 ms reading later;
         with this rule 2.0-2.3 ms against 1.9-2.0 ms without, and reading its
         metric every batch, as Module.fit does, 2.1-2.5 against 2.3-2.9 ms:
-        within this machine's noise)."""
+        within this machine's noise). `written` and `after_writes`: see
+        batch_sizes.SettingsComparison.tick."""
         self._usable()
         stream = self._workers_stream()
-        self._settings.tick(stream.info()[0], stream, self._context, settings)
+        self._settings.tick(stream.info()[0], stream, self._context, settings, written,
+                            after_writes)
 
     def rank_table(self, row: np.ndarray, desc: str) -> np.ndarray:
         """[workers x len(row)] table of every worker's int64 `row` (collective

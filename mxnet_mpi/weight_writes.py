@@ -4,10 +4,12 @@ Every rank updates its own copy of the weights with the same sums, so a
 parameter set on some ranks only after its Trainer exists (``set_data``,
 ``load_parameters``, ``initialize(force_reinit=True)``) or optimizer states
 loaded on some ranks only (``Trainer.load_states``) would make the copies
-drift apart silently. The patched MXNet calls note such writes here; each
-step's batch sizes carry whether this rank wrote any of its trainer's since
-the last step, and where any rank did, every rank compares hashes of the
-weights and states before the update (consistency.check_after_writes).
+drift apart silently; so would a Module's ``set_params`` or
+``load_optimizer_states`` after ``init_optimizer``. The patched MXNet calls
+note such writes here; each step's batch sizes (a Module's periodic settings
+comparison) carry whether this rank wrote any of its trainer's since the
+last, and where any rank did, every rank compares hashes of the weights and
+states (consistency.check_after_writes).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ _generation = 0
 
 
 def note(obj) -> None:
-    """`obj` (a Gluon Parameter, or a Trainer for its optimizer states) was
-    written just now."""
+    """`obj` (a Gluon Parameter, a Trainer for its optimizer states, or a
+    Module) was written just now."""
     global _generation
     _generation += 1
     obj._mxmpi_written = _generation

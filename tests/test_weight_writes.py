@@ -12,7 +12,7 @@ from pool import run_pooled
 
 SECTIONS = {
     "funneled": "set_data,set_data_update,load_parameters,load_states,force_reinit,alike,"
-                "horovod",
+                "horovod,module",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "set_data,alike",
 }

@@ -184,6 +184,39 @@ def section_horovod(res: Results) -> None:
     record("horovod", net)
 
 
+def section_module(res: Results) -> None:
+    """Module: set_params on rank 1 after init_optimizer is refused at the
+    comparison that follows (read some updates later, never waiting); the
+    same weights set on every rank train on."""
+    from mxnet_mpi.store_glue import SETTINGS_COLLECTIVES
+    data = mx.sym.Variable("data")
+    out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
+                                        name="lro")
+    mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"])
+    mod.bind(data_shapes=[("data", (8, 3))], label_shapes=[("lro_label", (8, 2))])
+    mod.init_params(mx.init.Constant(0.1 * (RANK + 1)))   # init_optimizer copies rank 0's
+    mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="sgd",
+                       optimizer_params={"learning_rate": 0.1, "momentum": 0.9})
+    rng = np.random.RandomState(RANK)
+    batch = mx.io.DataBatch([mx.nd.array(rng.randn(8, 3))], [mx.nd.array(rng.randn(8, 2))])
+
+    def updates(n: int) -> None:
+        for _ in range(n):
+            mod.forward_backward(batch)
+            mod.update()
+        mx.nd.waitall()
+    # an update moves 2 gradients: a comparison within SETTINGS_COLLECTIVES / 2
+    # updates of the write, read as many later
+    period = SETTINGS_COLLECTIVES // 2 + 2
+    updates(period)
+    arg, aux = mod.get_params()
+    mod.set_params({k: v * 1.0 for k, v in arg.items()}, aux)   # every rank, alike
+    updates(2 * period)
+    if RANK == 1:
+        mod.set_params({k: v + 1.0 for k, v in arg.items()}, aux)
+    expect_refusal(res, lambda: updates(2 * period), "Module.update", "the weights of 'fc_")
+
+
 SECTION_FNS = {
     "set_data": section_set_data,
     "set_data_update": lambda res: section_set_data(res, update_path=True),
@@ -192,6 +225,7 @@ SECTION_FNS = {
     "force_reinit": section_force_reinit,
     "alike": section_alike,
     "horovod": section_horovod,
+    "module": section_module,
 }
 
 res = Results(OUTDIR, RANK)
