@@ -821,6 +821,17 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
 
+    # Trainer.save_states pickles the optimizer: a comparison in flight holds
+    # an array read through its memory, which a copy would not share.
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_settings", None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._settings = SettingsComparison(SETTINGS_UPDATES)
+
     def create_state(self, index, weight):
         return self._optimizer.create_state(index, weight)
 
@@ -929,7 +940,6 @@ class DistributedTrainer(mx.gluon.Trainer):
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
             describe(self._optimizer, self._scale),
             step_flags(self._params, self._ignore_stale, written(self)))
-
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1

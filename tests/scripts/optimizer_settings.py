@@ -156,8 +156,10 @@ def section_horovod(res: Results) -> None:
 
 def section_horovod_optimizer(res: Results) -> None:
     """mxnet_mpi.horovod.DistributedOptimizer (each rank applies its own, as in
-    Horovod): equal settings pass the first comparison; set_learning_rate on
-    one rank is refused within two comparison periods of updates."""
+    Horovod): equal settings pass the first comparison, also after every rank
+    saves and loads the trainer's states (the optimizer pickled);
+    set_learning_rate on one rank is refused within two comparison periods of
+    updates."""
     import mxnet_mpi.horovod as hvd
     from mxnet_mpi.horovod import SETTINGS_UPDATES
     hvd.init()
@@ -168,8 +170,12 @@ def section_horovod_optimizer(res: Results) -> None:
     for _ in range(2):
         one_step(net, trainer, x, y)
     mx.nd.waitall()
+    path = "%s/hvd_opt%d.states" % (OUTDIR, RANK)
+    trainer.save_states(path)
+    trainer.load_states(path)
+    one_step(net, trainer, x, y)
     if OTHER:
-        opt.set_learning_rate(0.5)
+        trainer.set_learning_rate(0.5)
 
     def more() -> None:   # 4 parameters: 4 updates a step
         for _ in range(2 * SETTINGS_UPDATES // 4 + 2):
