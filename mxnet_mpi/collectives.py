@@ -190,6 +190,14 @@ class Stream:
             LIB.mxmpi_store_close(self.id)
 
 
+def allreduce_in_place(stream: Stream, arr, desc: str, context: bytes | None = None) -> None:
+    """Push the sum of host array `arr` over `stream`'s communicator into it
+    (collective); `desc` is what the ranks agree on."""
+    stream.push([Call(_native.ALLREDUCE, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
+                      desc="%s shape=%s %s" % (desc, tuple(arr.shape), np.dtype(arr.dtype)),
+                      label=desc)], context)
+
+
 def rank_table(stream: Stream, row: np.ndarray, desc: str,
                context: bytes | None = None) -> np.ndarray:
     """[ranks x len(row)] table of every rank's int64 `row` over `stream`'s
@@ -198,8 +206,7 @@ def rank_table(stream: Stream, row: np.ndarray, desc: str,
     table = np.zeros((stream.comm.size, row.size), dtype=np.int64)
     table[stream.comm.rank] = row
     arr = mx.nd.array(table, dtype="int64")
-    stream.push([Call(_native.ALLREDUCE, [arr], [arr], dtype=np.int64, shapes=[arr.shape],
-                      desc="%s shape=%s int64" % (desc, arr.shape), label=desc)], context)
+    allreduce_in_place(stream, arr, desc, context)
     return arr.asnumpy()
 
 

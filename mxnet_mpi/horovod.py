@@ -33,12 +33,13 @@ import numpy as np
 
 from . import ops, timeline
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
-from .collectives import check_array, rank_table, stream_for
+from .collectives import allreduce_in_place, check_array, rank_table, stream_for
 from .consistency import check_after_writes, trainer_weights
 from .errors import MPIKVStoreError
 from .modes import create_stream
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_settings import describe
+from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
 from .world import local_rank as _local_rank
@@ -928,18 +929,23 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._batch_sizes = None
         self._steps = 0
         self._ignore_stale = False  # step()'s or update()'s ignore_stale_grad
+        self._fresh = FreshCounts()  # with ignore_stale_grad (stale_grads.py)
 
-    def _sum_batch_sizes(self, batch_size, call: str) -> None:
+    def _sum_batch_sizes(self, batch_size, call: str, stale: bool) -> None:
         # A collective of its own, pushed before the gradients: the free
         # functions' stream runs in push order, so it completes without waiting
         # for backprop (a gradient allreduce would make the wait longer).
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
+        stream = _stream_of(self._process_set, "DistributedTrainer")
         self._agreed = self._batch_sizes.push(
-            _stream_of(self._process_set, "DistributedTrainer"), batch_size,
+            stream, batch_size,
             ("DistributedTrainer.%s %d: sum of batch sizes" % (call, self._steps)).encode(),
             describe(self._optimizer, self._scale),
-            step_flags(self._params, self._ignore_stale, written(self)))
+            step_flags(stale and not self._ignore_stale, written(self)))
+        if self._ignore_stale:
+            self._fresh.push(self._params, lambda arr: allreduce_in_place(
+                stream, arr, "DistributedTrainer: " + COUNTS_DESC))
 
     def step(self, batch_size, ignore_stale_grad=False):
         self._steps += 1
@@ -954,7 +960,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         ps = self._process_set
         self._ignore_stale = ignore_stale_grad
         if ps.size() > 1 and ps.included():
-            self._sum_batch_sizes(batch_size, "update")
+            self._sum_batch_sizes(batch_size, "update", stale_gradient(self._params))
         try:
             super().update(batch_size, ignore_stale_grad)
         finally:
@@ -974,14 +980,19 @@ class DistributedTrainer(mx.gluon.Trainer):
                     "copy one rank's weights to every rank with mxnet_mpi.horovod."
                     "broadcast_parameters(params, root_rank) called on every rank")
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
+            if ignore_stale_grad:
+                self._fresh.apply(self._params)   # the same parameters on every rank
         super()._update(ignore_stale_grad)
 
     def _allreduce_grads(self):
         ps = self._process_set
         if ps.size() == 1 or not ps.included():
             return
+        stale = stale_gradient(self._params)
+        if stale:
+            zero_stale(self._params)   # a stale gradient adds nothing to the sums
         if self._batch is not None:
-            self._sum_batch_sizes(self._batch, "step")
+            self._sum_batch_sizes(self._batch, "step", stale)
             self._batch = None
         pre = 1.0 / self._gradient_predivide_factor
         entries = []

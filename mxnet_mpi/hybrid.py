@@ -83,6 +83,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
     dist_type = "dist_sync"          # MXNet store between groups (set by subclasses)
     supports_sparse = True           # row_sparse keys go through the server
     supports_join = False            # servers wait for every group's push each step
+    _closed_before = False           # a hybrid store of this process was closed
 
     def __init__(self, mode: str | None = None, route: str | None = None,
                  ranks_per_group: int | None = None) -> None:
@@ -94,7 +95,15 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         if open_stores:
             raise MPIKVStoreError(
                 "a hybrid store is already open in this process; ps-lite allows one "
-                "worker per process: reuse it, or close() it first")
+                "worker per process: reuse it (several trainers can share it, as with "
+                "MXNet's dist stores)")
+        if self._closed_before:
+            # ps-lite's exit barrier ran at close(): the scheduler and servers end
+            # once every worker has left, and a worker cannot join them again
+            raise MPIKVStoreError(
+                "a hybrid store was closed in this process, which left the parameter "
+                "server for good (ps-lite lets a process join it once): keep one hybrid "
+                "store open for the whole program")
         self._route_name = route if route is not None else route_from_env()
         if self._route_name not in ROUTES:
             raise MPIKVStoreError("unknown route %r; choose one of %s"
@@ -149,6 +158,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                 self._dist = None
             mx.nd.waitall()
         open_stores.discard(self)
+        HybridKVStore._closed_before = True
         if not self._closed:
             self._world_stream.close()
         super().close()

@@ -20,12 +20,13 @@ import os
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import weight_writes
+from . import _native, weight_writes
 from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, trainer_weights
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .optimizer_settings import describe, describe_params
+from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
 from .world import wait_queued_ops
 
 _applied = False
@@ -94,6 +95,16 @@ NOT_APPLIED = "this step was not applied"
 TRAINER_FIX = ("write them before creating the Trainer (it copies rank 0's weights to every "
                "rank then), or copy rank 0's weights to every rank with "
                "mxnet_mpi.check_consistency(trainer, action='broadcast') called on every rank")
+
+
+def fresh_counts(trainer, kv) -> None:
+    """With ignore_stale_grad=True: push the counts of ranks where each of
+    `trainer`'s gradients is fresh (stale_grads.FreshCounts), over every
+    worker of store `kv`; _update applies them."""
+    if getattr(trainer, "_mxmpi_fresh", None) is None:
+        trainer._mxmpi_fresh = FreshCounts()
+    trainer._mxmpi_fresh.push(trainer._params, lambda arr: kv.internal_collective(
+        _native.ALLREDUCE, arr, COUNTS_DESC, workers=True))
 
 
 def written(trainer) -> bool:
@@ -203,7 +214,10 @@ def _patch_trainer() -> None:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"
                 % getattr(self, "_mxmpi_count", 0), describe(self._optimizer, self._scale),
-                step_flags(self._params, ignore_stale_grad, written(self)))
+                step_flags(not ignore_stale_grad and stale_gradient(self._params),
+                           written(self)))
+            if ignore_stale_grad:
+                fresh_counts(self, kv)
         try:
             return orig_public_update(self, batch_size, ignore_stale_grad)
         finally:
@@ -218,10 +232,15 @@ def _patch_trainer() -> None:
         what = "%s %d: gradient allreduce" % (getattr(self, "_mxmpi_call", "Trainer.step"),
                                               getattr(self, "_mxmpi_count", 0))
         settings, flags = "", 0
+        stale = stale_gradient(self._params)
+        if stale:
+            zero_stale(self._params)   # a stale gradient adds nothing to the sums
         if batch is not None:
             settings = describe(self._optimizer, self._scale)
-            flags = step_flags(self._params, getattr(self, "_mxmpi_ignore_stale", False),
-                               written(self))
+            ignore = getattr(self, "_mxmpi_ignore_stale", False)
+            flags = step_flags(stale and not ignore, written(self))
+            if ignore:
+                fresh_counts(self, kv)
         agreed = kv.allreduce_params(self._params, uok, batch, what, settings, flags)
         if agreed is not None:
             self._mxmpi_agreed = agreed
@@ -239,6 +258,8 @@ def _patch_trainer() -> None:
                                    lambda row: kv.rank_table(row, WRITES_DESC), what,
                                    agreed.written_ranks, NOT_APPLIED, TRAINER_FIX)
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
+            if ignore_stale_grad and getattr(self, "_mxmpi_fresh", None) is not None:
+                self._mxmpi_fresh.apply(self._params)   # the same parameters on every rank
         return orig_update(self, ignore_stale_grad)
 
     orig_sparse_create = trainer_mod._create_sparse_kvstore

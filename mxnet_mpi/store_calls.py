@@ -178,6 +178,5 @@ class StoreCalls:
         self._usable()
         stream = self._workers_stream() if workers else self._stream
         stream.push([Call(op, [arr], [arr], dtype=arr.dtype, shapes=[arr.shape],
-                                desc="%s shape=%s %s" % (desc, tuple(arr.shape),
-                                                         np.dtype(arr.dtype)),
-                                label=desc, root=root)], self._context)
+                          desc="%s shape=%s %s" % (desc, tuple(arr.shape), np.dtype(arr.dtype)),
+                          label=desc, root=root)], self._context)

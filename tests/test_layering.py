@@ -19,7 +19,7 @@ LAYERS = [
      "pslite_roles", "optimizer_settings", "weight_writes"},
     {"_native", "timeline", "world"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "device_meeting",
-     "server_keys"},
+     "server_keys", "stale_grads"},
     {"modes", "trainer_plan"},
     {"kvstore", "store_calls", "store_glue", "stores", "consistency"},
     {"mxnet_patches", "hybrid", "hybrid_routing", "hybrid_dense", "hybrid_sparse",

@@ -14,9 +14,10 @@ from pool import run_pooled
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
                 "rescale_grad,set_learning_rate,same,module,horovod,horovod_optimizer,set_optimizer,"
-                "stale_gradient,stale_gradient_horovod",
+                "stale_gradient,stale_gradient_horovod,ignore_stale,ignore_stale_update,"
+                "ignore_stale_horovod",
     # concurrent splits collectives by size: another carrier of the batch sizes
-    "concurrent": "learning_rate,same",
+    "concurrent": "learning_rate,same,ignore_stale",
 }
 
 

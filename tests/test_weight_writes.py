@@ -34,7 +34,10 @@ def test_rank_local_writes_are_stopped_and_alike_ones_train_on(tmp_path, mode):
 def test_hybrid_local_updates_compare_over_the_world():
     """dist_sync_mpi with local updates, 2 groups of 1: a write on rank 1 (the
     other group) is refused on both ranks; check_consistency's broadcast copies
-    rank 0's weights across the groups, and the ranks train on identical."""
+    rank 0's weights across the groups, and the ranks train on identical; so
+    do ranks whose batches use different heads (ignore_stale_grad=True). A
+    second hybrid store after close() is refused at once (it waited forever
+    on ps-lite: a process joins the parameter server once)."""
     import sys
 
     from launching import run as launch
@@ -47,3 +50,10 @@ def test_hybrid_local_updates_compare_over_the_world():
                for ln in refused), refused
     weights = {ln.split("WEIGHTS ")[1] for ln in out.splitlines() if "WEIGHTS " in ln}
     assert len(weights) == 1 and out.count("WEIGHTS ") == 2, out[-3000:]
+    # ignore_stale_grad=True with a head per rank (tests/scripts/optimizer_settings.py
+    # checks the numbers against one process): the same on every rank of the world
+    heads = {ln.split("HEADS ")[1] for ln in out.splitlines() if "HEADS " in ln}
+    assert len(heads) == 1 and out.count("HEADS ") == 2, out[-3000:]
+    assert heads.pop().endswith("used moved True unused still True")
+    reopen = [ln for ln in out.splitlines() if "REOPEN " in ln]
+    assert len(reopen) == 2 and all("keep one hybrid store open" in ln for ln in reopen), reopen

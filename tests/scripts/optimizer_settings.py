@@ -225,15 +225,58 @@ def stale_gradient(trainer_of):
     return section
 
 
-def gluon_trainer(net):
-    return mx.gluon.Trainer(net.collect_params(), "sgd", SAME, kvstore="mpi_" + MODE)
+def ignore_stale(trainer_of, update_path: bool = False, scale_by_size: bool = False):
+    """ignore_stale_grad=True with a head that only some ranks' batches use:
+    at step s rank r uses head (s + r) % 2 of three (the third never). Every
+    rank must update a head fresh on any rank, with the stale copies adding
+    nothing to the sum, and skip the head fresh on none (weight decay would
+    move it): the weights equal those of one process whose loss sums both
+    ranks' heads (`scale_by_size`: Horovod's trainer averages over the ranks)."""
+    def section(res: Results) -> None:
+        heads = mx.gluon.nn.Sequential()
+        for _ in range(3):
+            heads.add(mx.gluon.nn.Dense(1, in_units=3, use_bias=False))
+        heads.initialize(mx.init.Constant(0.5))
+        ref = mx.gluon.nn.Sequential()
+        for _ in range(3):
+            ref.add(mx.gluon.nn.Dense(1, in_units=3, use_bias=False))
+        ref.initialize(mx.init.Constant(0.5))
+        opt = {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.1}
+        trainer = trainer_of(heads, opt)
+        ref_trainer = mx.gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=None)
+        data = [mx.nd.array(np.random.RandomState(10 + r).randn(3, 8, 3)) for r in range(SIZE)]
+        for s in range(3):
+            with mx.autograd.record():
+                loss = heads[(s + RANK) % 2](data[RANK][s]).sum()
+            loss.backward()
+            if update_path:
+                trainer.allreduce_grads()
+                trainer.update(8, ignore_stale_grad=True)
+            else:
+                trainer.step(8, ignore_stale_grad=True)
+            with mx.autograd.record():
+                total = sum(ref[(s + r) % 2](data[r][s]).sum() for r in range(SIZE))
+            total.backward()
+            ref_trainer.step(8 * SIZE if scale_by_size else 8, ignore_stale_grad=True)
+        got = [h.weight.data().asnumpy() for h in heads]
+        want = [h.weight.data().asnumpy() for h in ref]
+        res.check((got[2] == 0.5).all(), "the head no rank used moved: %s" % got[2])
+        res.check(all(np.allclose(g, w, rtol=1e-6, atol=0) for g, w in zip(got, want)),
+                  "weights %s, one process on both ranks' batches %s" % (got, want))
+        digests["ignore_stale_%s%s" % (trainer_of.__name__, "_update" if update_path else "")] = \
+            hashlib.sha256(b"".join(g.tobytes() for g in got)).hexdigest()
+    return section
 
 
-def hvd_trainer(net):
+def gluon_trainer(net, opt=SAME):
+    return mx.gluon.Trainer(net.collect_params(), "sgd", opt, kvstore="mpi_" + MODE)
+
+
+def hvd_trainer(net, opt=SAME):
     import mxnet_mpi.horovod as hvd
     hvd.init()
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    return hvd.DistributedTrainer(net.collect_params(), "sgd", SAME)
+    return hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
 
 
 def _mult(net) -> None:
@@ -268,6 +311,9 @@ SECTION_FNS = {
     "set_optimizer": section_set_optimizer,
     "stale_gradient": stale_gradient(gluon_trainer),
     "stale_gradient_horovod": stale_gradient(hvd_trainer),
+    "ignore_stale": ignore_stale(gluon_trainer),
+    "ignore_stale_update": ignore_stale(gluon_trainer, update_path=True),
+    "ignore_stale_horovod": ignore_stale(hvd_trainer, scale_by_size=True),
 }
 
 res = Results(OUTDIR, RANK)
