@@ -183,6 +183,20 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
+def run_sections(script: str, np_: int, mode: str, out_dir: Path, sections: str,
+                 timeout: float = 240) -> list:
+    """Run a script of sections (tests/scripts/_common.py Results: `script MODE
+    OUTDIR SECTION,...`) in a pool; assert every section ran and passed on
+    every rank; return the ranks' records."""
+    run_pooled(script, np_, mode, str(out_dir), sections, timeout=timeout)
+    ranks = [json.loads((Path(out_dir) / ("rank%d.json" % r)).read_text()) for r in range(np_)]
+    for r in ranks:
+        bad = {k: v for k, v in r["sections"].items() if v["status"] != "OK"}
+        assert not bad, (r["rank"], bad)
+        assert sorted(r["sections"]) == sorted(sections.split(","))
+    return ranks
+
+
 def run_pooled(script: str, np_: int, *args: str, timeout: float = 240,
                env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """As mpirun.run_mpi, in a warm pool of `np_` ranks (see the module doc).

@@ -53,6 +53,31 @@ def summary(e: BaseException) -> str:
     return (named or lines or [""])[-1][:400]
 
 
+def small_net_and_data(rank: int):
+    """A two-layer Gluon net initialised differently on each rank (the store
+    broadcasts rank 0's), and 8 rows of this rank's data and labels."""
+    import mxnet as mx
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(4, activation="relu", in_units=3), mx.gluon.nn.Dense(2, in_units=4))
+    net.initialize(mx.init.Constant(0.1 * (rank + 1)))
+    rng = np.random.RandomState(rank)
+    return net, mx.nd.array(rng.randn(8, 3)), mx.nd.array(rng.randn(8, 2))
+
+
+def gluon_step(net, trainer, x, y, update_path: bool = False) -> None:
+    """One squared-error step of 8 rows: trainer.step, or allreduce_grads then
+    update."""
+    import mxnet as mx
+    with mx.autograd.record():
+        loss = ((net(x) - y) ** 2).sum()
+    loss.backward()
+    if update_path:
+        trainer.allreduce_grads()
+        trainer.update(8)
+    else:
+        trainer.step(8)
+
+
 class Results:
     """Per-section outcome of one rank, written as JSON for the test to read."""
 

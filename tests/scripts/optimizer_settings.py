@@ -19,7 +19,7 @@ import sys
 
 import mxnet as mx
 import numpy as np
-from _common import Results
+from _common import Results, gluon_step, small_net_and_data
 
 import mxnet_mpi
 from mxnet_mpi.store_glue import SETTINGS_COLLECTIVES
@@ -29,25 +29,6 @@ RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
 OTHER = RANK == 1          # the rank given another setting in the "differ" sections
 SAME = {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01}
 digests: dict = {}
-
-
-def net_and_data():
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(4, activation="relu", in_units=3), mx.gluon.nn.Dense(2, in_units=4))
-    net.initialize(mx.init.Constant(0.1 * (RANK + 1)))   # the store broadcasts rank 0's
-    rng = np.random.RandomState(RANK)
-    return net, mx.nd.array(rng.randn(8, 3)), mx.nd.array(rng.randn(8, 2))
-
-
-def one_step(net, trainer, x, y, update_path: bool = False) -> None:
-    with mx.autograd.record():
-        loss = ((net(x) - y) ** 2).sum()
-    loss.backward()
-    if update_path:
-        trainer.allreduce_grads()
-        trainer.update(8)
-    else:
-        trainer.step(8)
 
 
 def expect_refusal(res: Results, run, where: str, mine: str) -> None:
@@ -66,14 +47,14 @@ def expect_refusal(res: Results, run, where: str, mine: str) -> None:
 def trainer_differs(optimizer: str, params: dict, mine: str, where="Trainer.step 1",
                     before=None, steps: int = 1, update_path: bool = False):
     def section(res: Results) -> None:
-        net, x, y = net_and_data()
+        net, x, y = small_net_and_data(RANK)
         if before is not None:
             before(net)
         trainer = mx.gluon.Trainer(net.collect_params(), optimizer, params, kvstore="mpi_" + MODE)
 
         def run() -> None:
             for _ in range(steps):
-                one_step(net, trainer, x, y, update_path)
+                gluon_step(net, trainer, x, y, update_path)
         expect_refusal(res, run, where, mine)
     return section
 
@@ -81,14 +62,14 @@ def trainer_differs(optimizer: str, params: dict, mine: str, where="Trainer.step
 def section_set_learning_rate(res: Results) -> None:
     """Two steps in agreement, then set_learning_rate on one rank: the third
     step is refused."""
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", SAME, kvstore="mpi_" + MODE)
     for _ in range(2):
-        one_step(net, trainer, x, y)
+        gluon_step(net, trainer, x, y)
     mx.nd.waitall()
     if OTHER:
         trainer.set_learning_rate(0.5)
-    expect_refusal(res, lambda: one_step(net, trainer, x, y), "Trainer.step 3",
+    expect_refusal(res, lambda: gluon_step(net, trainer, x, y), "Trainer.step 3",
                    "lr=0.5" if OTHER else "lr=0.1")
 
 
@@ -97,12 +78,12 @@ def section_same(res: Results) -> None:
     Adam; trains on, bit-identical (digests compared by the test)."""
     for name, params in (("sgd", dict(SAME, lr_scheduler=mx.lr_scheduler.FactorScheduler(
             step=2, factor=0.5))), ("adam", {"learning_rate": 0.01})):
-        net, x, y = net_and_data()
+        net, x, y = small_net_and_data(RANK)
         net[0].weight.lr_mult = 0.5
         trainer = mx.gluon.Trainer(net.collect_params(), name, params, kvstore="mpi_" + MODE)
         for _ in range(5):
-            one_step(net, trainer, x, y)
-        one_step(net, trainer, x, y, update_path=True)
+            gluon_step(net, trainer, x, y)
+        gluon_step(net, trainer, x, y, update_path=True)
         digests["same_" + name] = hashlib.sha256(b"".join(
             p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
 
@@ -146,11 +127,11 @@ def section_module(res: Results) -> None:
 def section_horovod(res: Results) -> None:
     import mxnet_mpi.horovod as hvd
     hvd.init()
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     lr = 0.2 if OTHER else 0.1
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": lr})
-    expect_refusal(res, lambda: one_step(net, trainer, x, y), "DistributedTrainer.step 1",
+    expect_refusal(res, lambda: gluon_step(net, trainer, x, y), "DistributedTrainer.step 1",
                    "lr=%r" % lr)
 
 
@@ -163,23 +144,23 @@ def section_horovod_optimizer(res: Results) -> None:
     import mxnet_mpi.horovod as hvd
     from mxnet_mpi.horovod import SETTINGS_UPDATES
     hvd.init()
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1))
     trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
     for _ in range(2):
-        one_step(net, trainer, x, y)
+        gluon_step(net, trainer, x, y)
     mx.nd.waitall()
     path = "%s/hvd_opt%d.states" % (OUTDIR, RANK)
     trainer.save_states(path)
     trainer.load_states(path)
-    one_step(net, trainer, x, y)
+    gluon_step(net, trainer, x, y)
     if OTHER:
         trainer.set_learning_rate(0.5)
 
     def more() -> None:   # 4 parameters: 4 updates a step
         for _ in range(2 * SETTINGS_UPDATES // 4 + 2):
-            one_step(net, trainer, x, y)
+            gluon_step(net, trainer, x, y)
     expect_refusal(res, more, "DistributedOptimizer update", "lr=0.5" if OTHER else "lr=0.1")
 
 
@@ -203,7 +184,7 @@ def stale_gradient(trainer_of):
     rank 1's weights fall one update behind. A third step trains on, and the
     weights stay identical (digest compared by the test)."""
     def section(res: Results) -> None:
-        net, x, y = net_and_data()
+        net, x, y = small_net_and_data(RANK)
         trainer = trainer_of(net)
         raised = []
         for step in range(3):

@@ -22,7 +22,7 @@ import warnings
 
 import mxnet as mx
 import numpy as np
-from _common import Results
+from _common import Results, gluon_step, small_net_and_data
 
 import mxnet_mpi
 
@@ -32,28 +32,13 @@ SGD = {"learning_rate": 0.1, "momentum": 0.9}
 digests: dict = {}
 
 
-def net_and_data():
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(4, activation="relu", in_units=3), mx.gluon.nn.Dense(2, in_units=4))
-    net.initialize(mx.init.Constant(0.1 * (RANK + 1)))   # the store broadcasts rank 0's
-    rng = np.random.RandomState(RANK)
-    return net, mx.nd.array(rng.randn(8, 3)), mx.nd.array(rng.randn(8, 2))
-
-
-def one_step(net, trainer, x, y, update_path: bool = False) -> None:
-    with mx.autograd.record():
-        loss = ((net(x) - y) ** 2).sum()
-    loss.backward()
-    if update_path:
-        trainer.allreduce_grads()
-        trainer.update(8)
-    else:
-        trainer.step(8)
-    mx.nd.waitall()
-
-
 def weights(net) -> list:
     return [p.data().asnumpy().copy() for p in net.collect_params().values()]
+
+
+def step(net, trainer, x, y, update_path: bool = False) -> None:
+    gluon_step(net, trainer, x, y, update_path)
+    mx.nd.waitall()
 
 
 def expect_refusal(res: Results, run, where: str, differs: str) -> None:
@@ -88,15 +73,15 @@ def section_set_data(res: Results, update_path: bool = False) -> None:
     """Two steps, then set_data on rank 1: the third step is refused on every
     rank and changes nothing; check_consistency(action='broadcast') copies
     rank 0's weights, and training goes on."""
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = gluon(net)
     for _ in range(2):
-        one_step(net, trainer, x, y, update_path)
+        step(net, trainer, x, y, update_path)
     if RANK == 1:
         net[1].weight.set_data(mx.nd.full((2, 4), 3.0))
     before = weights(net)
     where = "Trainer.%s 3" % ("update" if update_path else "step")
-    expect_refusal(res, lambda: one_step(net, trainer, x, y, update_path), where,
+    expect_refusal(res, lambda: step(net, trainer, x, y, update_path), where,
                    "the weights of %r" % net[1].weight.name)
     res.check(all((a == b).all() for a, b in zip(before, weights(net))),
               "the refused step changed the weights")
@@ -104,67 +89,67 @@ def section_set_data(res: Results, update_path: bool = False) -> None:
         warnings.simplefilter("ignore", RuntimeWarning)
         mxnet_mpi.check_consistency(trainer, action="broadcast")
     for _ in range(2):
-        one_step(net, trainer, x, y, update_path)
+        step(net, trainer, x, y, update_path)
     record("set_data_update" if update_path else "set_data", net)
 
 
 def section_load_parameters(res: Results) -> None:
     """Rank 0 loads other weights after the Trainer exists, before the first
     step (a resume that loads on rank 0 only): the first step is refused."""
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = gluon(net)
     path = os.path.join(OUTDIR, "other%d.params" % RANK)
-    other, _, _ = net_and_data()
+    other, _, _ = small_net_and_data(RANK)
     other.initialize(mx.init.Constant(0.7), force_reinit=True)
     other.save_parameters(path)
     if RANK == 0:
         net.load_parameters(path)
-    expect_refusal(res, lambda: one_step(net, trainer, x, y), "Trainer.step 1",
+    expect_refusal(res, lambda: step(net, trainer, x, y), "Trainer.step 1",
                    "the weights of ")
 
 
 def section_load_states(res: Results) -> None:
     """Rank 0 loads optimizer states saved a step earlier (its momentum and
     update count go back): the next step is refused naming the state."""
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = gluon(net)
     path = os.path.join(OUTDIR, "states%d" % RANK)
     for _ in range(2):
-        one_step(net, trainer, x, y)
+        step(net, trainer, x, y)
     trainer.save_states(path)
-    one_step(net, trainer, x, y)
+    step(net, trainer, x, y)
     if RANK == 0:
         trainer.load_states(path)
-    expect_refusal(res, lambda: one_step(net, trainer, x, y), "Trainer.step 4",
+    expect_refusal(res, lambda: step(net, trainer, x, y), "Trainer.step 4",
                    "the optimizer state of ")
 
 
 def section_force_reinit(res: Results) -> None:
     """initialize(force_reinit=True) on rank 1 only."""
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = gluon(net)
-    one_step(net, trainer, x, y)
+    step(net, trainer, x, y)
     if RANK == 1:
         net.initialize(mx.init.Constant(0.5), force_reinit=True)
-    expect_refusal(res, lambda: one_step(net, trainer, x, y), "Trainer.step 2",
+    expect_refusal(res, lambda: step(net, trainer, x, y), "Trainer.step 2",
                    "the weights of ")
 
 
 def section_alike(res: Results) -> None:
     """Every rank saves, trains on, and loads its own saved weights and
     states (equal on every rank): no error, the ranks stay identical."""
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = gluon(net)
     params, states = (os.path.join(OUTDIR, "alike%d.%s" % (RANK, s)) for s in ("params", "st"))
     for _ in range(2):
-        one_step(net, trainer, x, y)
+        step(net, trainer, x, y)
     net.save_parameters(params)
     trainer.save_states(states)
-    one_step(net, trainer, x, y)
+    step(net, trainer, x, y)
     net.load_parameters(params)
     trainer.load_states(states)
     for _ in range(2):
-        one_step(net, trainer, x, y)
+        step(net, trainer, x, y)
     record("alike", net)
 
 
@@ -172,15 +157,15 @@ def section_horovod(res: Results) -> None:
     """DistributedTrainer: set_data on rank 1 is refused at the next step;
     broadcast_parameters, as the message says, makes the ranks alike again."""
     import mxnet_mpi.horovod as hvd
-    net, x, y = net_and_data()
+    net, x, y = small_net_and_data(RANK)
     trainer = hvd_trainer(net)
-    one_step(net, trainer, x, y)
+    step(net, trainer, x, y)
     if RANK == 1:
         net[0].bias.set_data(mx.nd.full((4,), -1.0))
-    expect_refusal(res, lambda: one_step(net, trainer, x, y), "DistributedTrainer step 2",
+    expect_refusal(res, lambda: step(net, trainer, x, y), "DistributedTrainer step 2",
                    "the weights of %r" % net[0].bias.name)
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    one_step(net, trainer, x, y)
+    step(net, trainer, x, y)
     record("horovod", net)
 
 
