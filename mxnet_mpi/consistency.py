@@ -51,6 +51,13 @@ def _digest(arr: mx.nd.NDArray) -> int:
     return int.from_bytes(h.digest(), "little") >> 2
 
 
+def per_rank(param) -> bool:
+    """Whether Gluon `param` holds each rank's own values: a statistic the
+    forward pass updates from the rank's data (BatchNorm's running mean and
+    variance: not differentiable), as with MXNet's dist stores and Horovod."""
+    return not getattr(param, "_differentiable", True)
+
+
 def _named_arrays(target) -> list:
     """[(name, first device's array)] of a Trainer's, a ParameterDict's or a
     dict's parameters, in a rank-independent order: the Trainer's (its keys')
@@ -71,7 +78,8 @@ def _named_arrays(target) -> list:
         elif isinstance(p, (list, tuple)) and p:
             out.append((name, p[0]))
         elif hasattr(p, "list_data"):
-            if p._data is not None:   # deferred, never initialised: nothing to compare
+            # deferred, never initialised: nothing to compare
+            if p._data is not None and not per_rank(p):
                 out.append((name, p.list_data()[0]))
         else:
             raise MPIKVStoreError("check_consistency takes a Trainer, Gluon parameters or a "
@@ -98,8 +106,9 @@ def hashes_per_rank(kv, hashes: np.ndarray) -> np.ndarray:
 def check_consistency(target, store=None, action: str | None = None) -> list[str]:
     """Compare every parameter of `target` (a Trainer, Gluon parameters, or a
     dict name -> NDArray) across the ranks of `store` (default: the Trainer's
-    store; for hybrid stores, every rank of the world). Collective: every rank
-    must call it. Returns the names of the parameters that differ (the same
+    store; for hybrid stores, every rank of the world), except each rank's own
+    statistics (BatchNorm's running mean and variance, per_rank). Collective:
+    every rank must call it. Returns the names of the parameters that differ (the same
     list on every rank). `action` (default $MXNET_MPI_CONSISTENCY_ACTION or
     'warn'): 'warn' names the first differing parameter and its ranks;
     'broadcast' also copies rank 0's values of every parameter to every rank;
@@ -159,9 +168,9 @@ def _state_digest(optimizer, updater, index: int) -> int:
 
 def trainer_weights(trainer) -> list:
     """[(name, first device's weights or None, optimizer index)] of a
-    Trainer's parameters, by key."""
+    Trainer's parameters, by key; each rank's own statistics left out."""
     return [(p.name, p.list_data()[0] if p._data is not None else None, i)
-            for i, p in enumerate(trainer._params)]
+            for i, p in enumerate(trainer._params) if not per_rank(p)]
 
 
 def check_after_writes(weights: list, optimizer, updater,
