@@ -166,32 +166,48 @@ def _state_digest(optimizer, updater, index: int) -> int:
     return int.from_bytes(h.digest(), "little") >> 2
 
 
-def trainer_weights(trainer) -> list:
-    """[(name, first device's weights or None, optimizer index)] of a
-    Trainer's parameters, by key; each rank's own statistics left out."""
-    return [(p.name, p.list_data()[0] if p._data is not None else None, i)
-            for i, p in enumerate(trainer._params) if not per_rank(p)]
+def check_trainer_after_writes(trainer, watch, table: Callable[[np.ndarray], np.ndarray],
+                               what: str, writers: int, outcome: str, fix: str) -> None:
+    """check_after_writes for a Gluon Trainer whose weight_writes.Watch
+    `watch` said what this rank wrote; each rank's own statistics left out."""
+    kept = [i for i, p in enumerate(trainer._params) if not per_rank(p)]
+    weights = [(trainer._params[i].name, trainer._params[i].list_data()[0]
+                if trainer._params[i]._data is not None else None, i) for i in kept]
+    here = {k for k, i in enumerate(kept) if i in watch.params} if watch is not None else set()
+    check_after_writes(weights, trainer._optimizer, trainer._updaters[0], table, what, writers,
+                       outcome, fix, here, watch is not None and watch.states)
 
 
 def check_after_writes(weights: list, optimizer, updater,
                        table: Callable[[np.ndarray], np.ndarray], what: str, writers: int,
-                       outcome: str, fix: str) -> None:
+                       outcome: str, fix: str, params_here, states_here: bool) -> None:
     """After `writers` rank(s) wrote weights or optimizer states outside
     training (weight_writes.py), compare the `weights` ([(name, array or
-    None, optimizer index)], in an order the same on every rank), the
-    `updater`'s states and the `optimizer`'s update counts across the ranks
-    (collective: `table(hashes)` returns every rank's hashes, one row each)
-    and raise MPIKVStoreError on every rank if any differ. `what` names the
+    None, optimizer index)], in an order the same on every rank) that any rank
+    wrote (this rank: the positions `params_here`), and where any rank wrote
+    optimizer states (`states_here`), the `updater`'s states and the
+    `optimizer`'s update counts, across the ranks (collective: `table(row)`
+    returns every rank's int64 row, one each) and raise MPIKVStoreError on
+    every rank if any differ. Only what was written is hashed: a program that
+    sets a weight every step pays for that weight alone. `what` names the
     call, `outcome` what became of it, `fix` how else to make them alike."""
+    mask = np.zeros(len(weights) + 1, dtype=np.int64)
+    mask[sorted(params_here)] = 1
+    mask[-1] = 1 if states_here else 0
+    anywhere = table(mask).any(axis=0)
     labels, hashes = [], []
-    for name, arr, _ in weights:
-        labels.append("the weights of %r" % name)
-        hashes.append(_digest(arr) if arr is not None else 0)
-    for name, _, index in weights:
-        labels.append("the optimizer state of %r" % name)
-        hashes.append(_state_digest(optimizer, updater, index))
-    labels.append("the optimizer's update count")
-    hashes.append(int(optimizer.num_update))
+    for k, (name, arr, _) in enumerate(weights):
+        if anywhere[k]:
+            labels.append("the weights of %r" % name)
+            hashes.append(_digest(arr) if arr is not None else 0)
+    if anywhere[-1]:
+        for name, _, index in weights:
+            labels.append("the optimizer state of %r" % name)
+            hashes.append(_state_digest(optimizer, updater, index))
+        labels.append("the optimizer's update count")
+        hashes.append(int(optimizer.num_update))
+    if not hashes:
+        return
     rows = table(np.array(hashes, dtype=np.int64))
     bad = [j for j in range(len(hashes)) if (rows[:, j] != rows[0, j]).any()]
     if not bad:

@@ -34,7 +34,7 @@ import numpy as np
 from . import ops, timeline
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import allreduce_in_place, check_array, rank_table, stream_for
-from .consistency import check_after_writes, trainer_weights
+from .consistency import check_trainer_after_writes
 from .errors import MPIKVStoreError
 from .modes import create_stream
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
@@ -973,8 +973,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             what = "DistributedTrainer step %d" % self._steps
             if agreed.written_ranks:   # before any rank may raise for a stale gradient
                 stream = _stream_of(self._process_set, "DistributedTrainer")
-                check_after_writes(
-                    trainer_weights(self), self._optimizer, self._updaters[0],
+                check_trainer_after_writes(
+                    self, getattr(self, "_mxmpi_writes", None),
                     lambda row: rank_table(stream, row, "DistributedTrainer: " + WRITES_DESC),
                     what, agreed.written_ranks, NOT_APPLIED,
                     "copy one rank's weights to every rank with mxnet_mpi.horovod."

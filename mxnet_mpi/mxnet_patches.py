@@ -22,7 +22,7 @@ from mxnet.kvstore import KVStoreBase
 
 from . import _native, weight_writes
 from .batch_sizes import step_flags
-from .consistency import PeriodicCheck, check_after_writes, trainer_weights
+from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .optimizer_settings import describe, describe_params
@@ -254,9 +254,9 @@ def _patch_trainer() -> None:
                               getattr(self, "_mxmpi_count", 0))
             if agreed.written_ranks:   # before any rank may raise for a stale gradient
                 kv = self._kvstore
-                check_after_writes(trainer_weights(self), self._optimizer, self._updaters[0],
-                                   lambda row: kv.rank_table(row, WRITES_DESC), what,
-                                   agreed.written_ranks, NOT_APPLIED, TRAINER_FIX)
+                check_trainer_after_writes(self, getattr(self, "_mxmpi_writes", None),
+                                           lambda row: kv.rank_table(row, WRITES_DESC), what,
+                                           agreed.written_ranks, NOT_APPLIED, TRAINER_FIX)
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
             if ignore_stale_grad and getattr(self, "_mxmpi_fresh", None) is not None:
                 self._mxmpi_fresh.apply(self._params)   # the same parameters on every rank
@@ -322,9 +322,13 @@ def _module_checks(module, kv, what: str) -> None:
     def after_writes(writers: int) -> None:
         weights = [(name, arrays[0], i * ndev) for i, (name, arrays) in
                    enumerate(zip(group.param_names, group.param_arrays))]
+        # the watch still holds what this rank wrote before that comparison;
+        # a Module's writes are noted as a whole (set_params, load_optimizer_states)
+        whole = watch is not None and watch.states
         check_after_writes(weights, optimizer, updater,
                            lambda row: kv.rank_table(row, WRITES_DESC), what, writers,
-                           MODULE_OUTCOME, MODULE_FIX)
+                           MODULE_OUTCOME, MODULE_FIX, set(range(len(weights))) if whole
+                           else set(), whole)
     kv.settings_check(lambda: describe(optimizer, optimizer.rescale_grad),
                       lambda: watch is not None and watch.written(module, ()), after_writes)
 

@@ -31,12 +31,19 @@ class Watch:
 
     def __init__(self) -> None:
         self._seen = _generation
+        #: of the last call: positions in `params` written, and whether the
+        #: trainer (its optimizer states, or a whole Module) was
+        self.params: set = set()
+        self.states = False
 
     def written(self, trainer, params) -> bool:
         """Whether `trainer`'s states or any of `params` were written since the
-        last call; O(1) when nothing at all was written since."""
+        last call (which, in self.params and self.states); O(1) when nothing
+        at all was written since."""
+        self.params, self.states = set(), False
         if self._seen == _generation:
             return False
         seen, self._seen = self._seen, _generation
-        return (getattr(trainer, "_mxmpi_written", 0) > seen
-                or any(getattr(p, "_mxmpi_written", 0) > seen for p in params))
+        self.params = {i for i, p in enumerate(params) if getattr(p, "_mxmpi_written", 0) > seen}
+        self.states = getattr(trainer, "_mxmpi_written", 0) > seen
+        return bool(self.params) or self.states
