@@ -198,16 +198,41 @@ def allreduce_in_place(stream: Stream, arr, desc: str, context: bytes | None = N
                       label=desc)], context)
 
 
+class RankTable:
+    """Every rank's int64 row (rank_table), of the ranks that took part: a rank
+    that has joined (out of data) adds zeros to every sum, so it has no row."""
+
+    def __init__(self, rows: np.ndarray, ranks: list) -> None:
+        self.rows = rows        # [ranks that took part x columns]
+        self.ranks = ranks      # their rank numbers
+
+    def any(self) -> np.ndarray:
+        """Per column: whether any rank's value is nonzero."""
+        return self.rows.any(axis=0)
+
+    def differing(self) -> list:
+        """The columns in which the ranks' values differ."""
+        return [j for j in range(self.rows.shape[1])
+                if (self.rows[:, j] != self.rows[0, j]).any()]
+
+    def ranks_differing(self, column: int) -> list:
+        """The ranks whose value in `column` differs from the first rank's."""
+        return [r for r, v in zip(self.ranks, self.rows[:, column]) if v != self.rows[0, column]]
+
+
 def rank_table(stream: Stream, row: np.ndarray, desc: str,
-               context: bytes | None = None) -> np.ndarray:
-    """[ranks x len(row)] table of every rank's int64 `row` over `stream`'s
-    communicator (collective): one allreduce of a table that is zero except
-    for this rank's row, so exact. `desc` is what the ranks agree on."""
-    table = np.zeros((stream.comm.size, row.size), dtype=np.int64)
-    table[stream.comm.rank] = row
+               context: bytes | None = None) -> RankTable:
+    """Every rank's int64 `row` over `stream`'s communicator (collective): one
+    allreduce of a table that is zero except for this rank's row and its mark
+    of presence, so exact. `desc` is what the ranks agree on."""
+    table = np.zeros((stream.comm.size, row.size + 1), dtype=np.int64)
+    table[stream.comm.rank, :-1] = row
+    table[stream.comm.rank, -1] = 1
     arr = mx.nd.array(table, dtype="int64")
     allreduce_in_place(stream, arr, desc, context)
-    return arr.asnumpy()
+    table = arr.asnumpy()
+    present = [r for r in range(table.shape[0]) if table[r, -1]]
+    return RankTable(table[present, :-1], present)
 
 
 # ---------------------------------------------------------------- free functions

@@ -26,6 +26,7 @@ import mxnet as mx
 import numpy as np
 
 from . import settings
+from .collectives import RankTable
 from .errors import MPIKVStoreError
 from .joining import broadcast_from
 
@@ -97,9 +98,9 @@ def _store_of(target, store):
     return kv
 
 
-def hashes_per_rank(kv, hashes: np.ndarray) -> np.ndarray:
-    """[workers x parameters] table of every worker's hashes (the whole world
-    for a hybrid store: with local updates, every rank holds the weights)."""
+def hashes_per_rank(kv, hashes: np.ndarray) -> RankTable:
+    """Every worker's hashes (the whole world for a hybrid store: with local
+    updates, every rank holds the weights); ranks that joined left out."""
     return kv.rank_table(hashes, "consistency check: parameter hashes")
 
 
@@ -121,17 +122,18 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
     if not named:
         return []
     table = hashes_per_rank(kv, np.array([_digest(a) for _, a in named], dtype=np.int64))
-    bad = [i for i in range(len(named)) if (table[:, i] != table[0, i]).any()]
+    bad = table.differing()
     if not bad:
         return []
     differ = [named[i][0] for i in bad]
-    ranks = [r for r in range(table.shape[0]) if table[r, bad[0]] != table[0, bad[0]]]
+    ranks = table.ranks_differing(bad[0])
     first = repr(differ[0])
     keys = getattr(target, "_param2idx", {})   # a Trainer's: its store's keys
     if differ[0] in keys:
         first += " (key %d)" % keys[differ[0]]
     text = ("mxnet_mpi: weights differ across ranks in %d parameter(s); first %s, where rank(s) "
-            "%s differ from rank 0" % (len(differ), first, ", ".join(map(str, ranks))))
+            "%s differ from rank %d" % (len(differ), first, ", ".join(map(str, ranks)),
+                                        table.ranks[0]))
     if action == "raise":
         raise MPIKVStoreError(text)
     if action == "broadcast":
@@ -187,14 +189,14 @@ def check_after_writes(weights: list, optimizer, updater,
     wrote (this rank: the positions `params_here`), and where any rank wrote
     optimizer states (`states_here`), the `updater`'s states and the
     `optimizer`'s update counts, across the ranks (collective: `table(row)`
-    returns every rank's int64 row, one each) and raise MPIKVStoreError on
+    returns every rank's int64 row: a collectives.RankTable) and raise MPIKVStoreError on
     every rank if any differ. Only what was written is hashed: a program that
     sets a weight every step pays for that weight alone. `what` names the
     call, `outcome` what became of it, `fix` how else to make them alike."""
     mask = np.zeros(len(weights) + 1, dtype=np.int64)
     mask[sorted(params_here)] = 1
     mask[-1] = 1 if states_here else 0
-    anywhere = table(mask).any(axis=0)
+    anywhere = table(mask).any()
     labels, hashes = [], []
     for k, (name, arr, _) in enumerate(weights):
         if anywhere[k]:
@@ -209,17 +211,16 @@ def check_after_writes(weights: list, optimizer, updater,
     if not hashes:
         return
     rows = table(np.array(hashes, dtype=np.int64))
-    bad = [j for j in range(len(hashes)) if (rows[:, j] != rows[0, j]).any()]
+    bad = rows.differing()
     if not bad:
         return
-    ranks = [r for r in range(rows.shape[0]) if rows[r, bad[0]] != rows[0, bad[0]]]
     raise MPIKVStoreError(
         "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training (%s), "
         "and now the ranks differ in %d of them: first %s, where rank(s) %s differ from rank "
-        "0. Each rank updates its own copy, so they would drift apart; %s. Write them alike "
+        "%d. Each rank updates its own copy, so they would drift apart; %s. Write them alike "
         "on every rank (load the same files on every rank), or %s"
-        % (what, writers, WRITES, len(bad), labels[bad[0]], ", ".join(map(str, ranks)),
-           outcome, fix))
+        % (what, writers, WRITES, len(bad), labels[bad[0]],
+           ", ".join(map(str, rows.ranks_differing(bad[0]))), rows.ranks[0], outcome, fix))
 
 
 class PeriodicCheck:

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .batch_sizes import BatchSizes
-from .collectives import rank_table
+from .collectives import RankTable, rank_table
 from .keys import Key
 
 #: At most one comparison of the ranks' optimizer settings per this many
@@ -92,7 +92,7 @@ class FrameworkGlue:
         self._settings.tick(stream.info()[0], stream, self._context, settings, written,
                             after_writes)
 
-    def rank_table(self, row: np.ndarray, desc: str) -> np.ndarray:
+    def rank_table(self, row: np.ndarray, desc: str) -> RankTable:
         """[workers x len(row)] table of every worker's int64 `row` (collective
         over every worker of the store; `desc` is what they agree on)."""
         self._usable()

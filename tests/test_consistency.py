@@ -1,7 +1,8 @@
 """Weight consistency check across real ranks: a 1-ulp difference on one rank is
 found and named, 'raise' raises, 'broadcast' restores bit-identical weights,
-the periodic setting runs it from Trainer.step and Module.update, off it issues
-nothing, hybrid stores compare their group, and bad settings are named errors."""
+the periodic setting runs it from Trainer.step and Module.update and leaves out
+a rank that joined, off it issues nothing, hybrid stores compare every rank,
+and bad settings are named errors."""
 
 import re
 import sys
@@ -34,6 +35,15 @@ def test_periodic_check_from_trainer_step_rebroadcasts():
     proc = run_pooled("consistency.py", 2, "funneled", "periodic", env=env, timeout=120)
     assert [r for r in results(proc.stdout)] == [{"warned": "True", "fixed": "True"}] * 2, \
         proc.stdout
+
+
+def test_periodic_check_leaves_out_a_rank_that_joined():
+    """Uneven data: while rank 1 has joined (zeros into every sum), the checks
+    of rank 0's further steps saw zeros for its hashes and reported rank 1's
+    weights as different (with action 'raise', an error)."""
+    env = {"MXNET_MPI_CONSISTENCY_EVERY": "1", "MXNET_MPI_CONSISTENCY_ACTION": "raise"}
+    proc = run_pooled("consistency.py", 2, "funneled", "joined", env=env, timeout=120)
+    assert results(proc.stdout) == [{"error": "None", "same": "True"}] * 2, proc.stdout
 
 
 def test_off_by_default_costs_no_collective():

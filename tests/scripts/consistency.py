@@ -4,6 +4,9 @@
     api        check_consistency() with each action after rank 1's weight moved 1 ulp
     periodic   MXNET_MPI_CONSISTENCY_EVERY=2 (set by the test), action broadcast
     off        no setting: no extra collective is issued
+    joined     MXNET_MPI_CONSISTENCY_EVERY=1 and action raise (set by the test): rank 1
+               runs out of data and joins; the checks of rank 0's later steps leave
+               the joined rank out (it adds zeros to every sum)
     hybrid     (MODE is dist_sync_mpi or dist_async_mpi, under mxnet_mpi.launch) the
                ranks of one group are compared; broadcast repairs the nudge
 Prints "RESULT <rank> <key>=<value> ..." lines.
@@ -104,6 +107,16 @@ elif scenario == "hybrid":
     print("RESULT %d type=%s group=%d found=%s warned=%s after=%s"
           % (R, trainer._kvstore.type, trainer._kvstore.comm.size, found, warned, after),
           flush=True)
+elif scenario == "joined":
+    error = None
+    try:
+        for _ in range(4 if R == 0 else 2):
+            step()
+        mxnet_mpi.join(trainer)
+        mx.nd.waitall()
+    except mxnet_mpi.MPIKVStoreError as e:
+        error = str(e).splitlines()[0][:120].replace(" ", "_")
+    print("RESULT %d error=%s same=%s" % (R, error, same_everywhere()), flush=True)
 elif scenario == "off":
     kv = trainer._kvstore
     issued = kv.stream.info()[0]
