@@ -157,7 +157,9 @@ TABLE: tuple = (
             "the job"),
     Setting("MXNET_MPI_CONSISTENCY_EVERY", "int", 0,
             "every N `Trainer.step`/`update` (or `Module.update`), compare a hash of every "
-            "parameter across ranks (one small collective); 0: off, nothing issued"),
+            "parameter across ranks (one small collective; not BatchNorm's running "
+            "statistics, which are each rank's own as with MXNet's dist stores); 0: off, "
+            "nothing issued"),
     Setting("MXNET_MPI_CONSISTENCY_ACTION", "choice", "warn",
             "on a difference: `warn` (names the first differing parameter, with its key for a "
             "Trainer, and the ranks), `broadcast` (also copies rank 0's weights everywhere) or "
