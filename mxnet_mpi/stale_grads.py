@@ -25,8 +25,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB
 
-#: What the ranks agree on for the counts' collective.
-COUNTS_DESC = "counts of ranks with fresh gradients"
+#: What the ranks agree on for the counts' collective (a rank whose step has
+#: another ignore_stale_grad sees it named in the "ranks disagree" error).
+COUNTS_DESC = "counts of ranks with fresh gradients (a step with ignore_stale_grad=True)"
 
 
 def _fresh_flags(param) -> list:
