@@ -42,7 +42,8 @@ def _fresh_flags(param) -> list:
 
 
 def _trained(params):
-    return [p for p in params if p.grad_req != "null" and p._data is not None]
+    # _grad_req: the property costs as much again, every step
+    return [p for p in params if p._grad_req != "null" and p._data is not None]
 
 
 def stale_gradient(params) -> bool:
@@ -53,10 +54,11 @@ def stale_gradient(params) -> bool:
     fresh = ctypes.c_int()
     ref = ctypes.byref(fresh)
     get = _LIB.MXNDArrayGetGradState
-    for p in _trained(params):
-        for data in p._data:
-            if get(data.handle, ref) == 0 and not fresh.value:
-                return True
+    for p in params:
+        if p._grad_req != "null" and p._data is not None:
+            for data in p._data:
+                if get(data.handle, ref) == 0 and not fresh.value:
+                    return True
     return False
 
 
