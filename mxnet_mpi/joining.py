@@ -25,12 +25,13 @@ def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = Fal
 
 
 def issued_per_rank(store, issued: int) -> np.ndarray:
-    """What every rank had issued on `store` before joining (`issued` here)."""
+    """What every rank had issued on `store` before joining (`issued` here),
+    indexed by rank."""
+    table = store.rank_table(np.array([issued], dtype=np.int64),
+                             "join: collectives issued per rank")
     counts = np.zeros((store.num_workers,), dtype=np.int64)
-    counts[store.rank] = issued
-    table = mx.nd.array(counts, dtype="int64")
-    _internal(store, _native.ALLREDUCE, table, "join: collectives issued per rank")
-    return table.asnumpy()
+    counts[table.ranks] = table.rows[:, 0]
+    return counts
 
 
 def _param_arrays(params) -> list:
