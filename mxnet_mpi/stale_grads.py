@@ -41,9 +41,10 @@ def _fresh_flags(param) -> list:
     return flags
 
 
-def _trained(params):
-    # _grad_req: the property costs as much again, every step
-    return [p for p in params if p._grad_req != "null" and p._data is not None]
+def _trains(param) -> bool:
+    """Whether `param` has gradients (initialised, grad_req not 'null'). Reads
+    _grad_req: the property costs as much again, every step."""
+    return param._grad_req != "null" and param._data is not None
 
 
 def stale_gradient(params) -> bool:
@@ -55,7 +56,7 @@ def stale_gradient(params) -> bool:
     ref = ctypes.byref(fresh)
     get = _LIB.MXNDArrayGetGradState
     for p in params:
-        if p._grad_req != "null" and p._data is not None:
+        if _trains(p):
             for data in p._data:
                 if get(data.handle, ref) == 0 and not fresh.value:
                     return True
@@ -65,8 +66,8 @@ def stale_gradient(params) -> bool:
 def zero_stale(params) -> None:
     """Zero the stale gradients (grad_req 'write') of Gluon `params` before
     they are summed, so they add nothing (where stale_gradient is true)."""
-    for p in _trained(params):
-        if p.grad_req == "write":
+    for p in params:
+        if _trains(p) and p._grad_req == "write":
             for flag, grad in zip(_fresh_flags(p), p._grad):
                 if not flag:
                     grad[:] = 0
@@ -86,7 +87,7 @@ class FreshCounts:
         (collective, in place)."""
         flags = np.zeros(len(params))
         for i, p in enumerate(params):
-            if p.grad_req != "null" and p._data is not None:
+            if _trains(p):
                 flags[i] = 1.0 if any(_fresh_flags(p)) else 0.0
         if self._array is None or self._array.shape[0] != len(params):
             self._array = mx.nd.zeros((len(params),), dtype="float64")
@@ -104,6 +105,6 @@ class FreshCounts:
         self._pending = False
         counts = self._array.asnumpy()
         for i, p in enumerate(params):
-            if p.grad_req != "null" and p._data is not None:
+            if _trains(p):
                 for data in p._data:
                     data._fresh_grad = bool(counts[i] > 0)
