@@ -38,6 +38,7 @@ ops = st.tuples(
     st.sampled_from(DTYPES),
     st.integers(-3, 3),                   # priority
     st.integers(0, 2**31 - 1),            # data seed
+    st.integers(0, 3),                    # > 0: a key seen before keeps its layout
 )
 example_no = [0]
 
@@ -51,6 +52,33 @@ def nd(a, ctx=DEVS[0]):
     return mx.nd.array(a, ctx=ctx, dtype=a.dtype)
 
 
+def call(kind, key, b, mine, prio):
+    """One valid call of `kind`; the (array, expected value) pairs to check."""
+    shape, dtype = b.shape, b.dtype
+    if kind == "init":
+        v = nd(mine)
+        KV.init(key, v)
+        return [(v, b)]
+    if kind == "broadcast":
+        out = nd(np.zeros(shape, dtype=dtype))
+        KV.broadcast(key, nd(mine), out=out, priority=prio)
+        return [(out, b)]
+    if kind == "push":
+        KV.push(key, nd(mine), priority=prio)
+        return []
+    if kind == "pushpull":
+        v = nd(mine)
+        KV.pushpull(key, v, priority=prio)
+        return [(v, (b * SCALE).astype(dtype))]
+    if kind == "pushpull_out":
+        outs = [nd(np.zeros(shape, dtype=dtype)) for _ in range(2)]
+        KV.pushpull(key, nd(mine), out=outs, priority=prio)
+        return [(o, (b * SCALE).astype(dtype)) for o in outs]
+    vals = [nd(mine, ctx) for ctx in DEVS]   # two devices per rank
+    KV.pushpull(key, vals, priority=prio)
+    return [(v, (b * SCALE * 2).astype(dtype)) for v in vals]
+
+
 @settings(max_examples=N, derandomize=True, deadline=None, database=None,
           phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
@@ -58,13 +86,18 @@ def nd(a, ctx=DEVS[0]):
 def run(seq):
     example_no[0] += 1
     meta, stored, checks = {}, {}, []
-    for kind, k, as_str, shape, dtype, prio, seed in seq:
+    for kind, k, as_str, shape, dtype, prio, seed, same in seq:
         key = ("e%dk%d" % (example_no[0], k)) if as_str else example_no[0] * 10 + k
+        if same and key in meta:   # mostly: pulls then find what init or push stored
+            shape, dtype = meta[key]
         b = base(seed, shape, dtype)
         mine = (b * (RANK + 1)).astype(dtype)
         layout = (shape, dtype)
         # the store's rule: a key keeps the shape and dtype of its first use
         conflict = key in meta and meta[key] != layout
+        # the model: a pull needs a value stored (init or push) with this layout
+        pull_fails = key not in stored or stored[key].shape != shape or \
+            stored[key].dtype != np.dtype(dtype)
         try:
             if kind == "bad_numpy":
                 KV.pushpull(key, mine)
@@ -79,47 +112,26 @@ def run(seq):
             elif kind == "pull":
                 out = nd(np.zeros(shape, dtype=dtype))
                 KV.pull(key, out=out, priority=prio)
-                if key not in stored or stored[key].shape != shape or \
-                        stored[key].dtype != np.dtype(dtype):
+                if pull_fails:
                     raise AssertionError("pull of %r should have failed" % (key,))
                 checks.append((out, stored[key]))
                 continue
             else:
+                # the drawn call itself, also where it reuses a key with another layout
+                made = call(kind, key, b, mine, prio)
                 if conflict:
-                    if kind == "pushpull":
-                        KV.pushpull(key, nd(mine), priority=prio)
-                    else:
-                        KV.broadcast(key, nd(mine), out=nd(mine))
-                    raise AssertionError("reuse of %r with another layout did not fail" % key)
+                    raise AssertionError("%s of %r with another layout did not fail"
+                                         % (kind, key))
+                checks += made
                 if kind == "init":
-                    v = nd(mine)
-                    KV.init(key, v)
-                    checks.append((v, b))
                     stored[key] = b
-                elif kind == "broadcast":
-                    out = nd(np.zeros(shape, dtype=dtype))
-                    KV.broadcast(key, nd(mine), out=out, priority=prio)
-                    checks.append((out, b))
                 elif kind == "push":
-                    KV.push(key, nd(mine), priority=prio)
                     stored[key] = (b * SCALE).astype(dtype)
-                elif kind == "pushpull":
-                    v = nd(mine)
-                    KV.pushpull(key, v, priority=prio)
-                    checks.append((v, (b * SCALE).astype(dtype)))
-                elif kind == "pushpull_out":
-                    outs = [nd(np.zeros(shape, dtype=dtype)) for _ in range(2)]
-                    KV.pushpull(key, nd(mine), out=outs, priority=prio)
-                    checks += [(o, (b * SCALE).astype(dtype)) for o in outs]
-                else:  # two devices per rank
-                    vals = [nd(mine, ctx) for ctx in DEVS]
-                    KV.pushpull(key, vals, priority=prio)
-                    checks += [(v, (b * SCALE * 2).astype(dtype)) for v in vals]
                 meta.setdefault(key, layout)
                 continue
             raise AssertionError("%s did not fail" % kind)
         except MPIKVStoreError:
-            if kind.startswith("bad_") or conflict or kind == "pull":
+            if kind.startswith("bad_") or conflict or (kind == "pull" and pull_fails):
                 continue
             raise
     for arr, want in checks:
