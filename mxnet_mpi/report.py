@@ -22,6 +22,8 @@ import atexit
 import os
 import socket
 
+from . import settings
+
 ENV = "MXNET_MPI_REPORT"
 _state: dict = {"sock": None, "status": None}
 
@@ -57,7 +59,7 @@ def _drop() -> None:
 def started() -> None:
     """Connect to the launcher (if ``MXNET_MPI_REPORT`` is set) and say that
     this rank started; registers the report of its end. Idempotent."""
-    target = os.environ.get(ENV, "")
+    target = settings.get(ENV) or ""
     rank = rank_from_env()
     if _state["sock"] is not None or not target or rank is None:
         return

@@ -24,29 +24,54 @@ LAYERS = [
     {"kvstore", "store_calls", "store_glue", "stores", "consistency"},
     {"mxnet_patches", "hybrid", "hybrid_routing", "hybrid_dense", "hybrid_sparse",
      "pslite_client", "launch", "runner", "horovod", "syncbn", "__init__", "__main__"},
+    {"testing", "testing.netns"},   # test support, above what it tests
 ]
 LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 
 
+def module_name(path) -> str:
+    """'world' for mxnet_mpi/world.py, 'testing.netns' for mxnet_mpi/testing/netns.py."""
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return ".".join(rel.parts) if rel.name != "__init__" or len(rel.parts) == 1 else \
+        ".".join(rel.parts[:-1])
+
+
 def imports_of(path) -> set:
-    """Package modules that `path` imports, anywhere in it."""
+    """Package modules that `path` imports, anywhere in it (`import mxnet_mpi.x`,
+    `from mxnet_mpi import x`, `from . import x`, `from .x import y`)."""
+    here = module_name(path).split(".")[:-1] if path.parent != PACKAGE else []
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "mxnet_mpi":
+                    found.add(".".join(parts[1:]) or "__init__")
+            continue
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level == 1:
-            names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-        elif node.level == 0 and node.module and node.module.split(".")[0] == "mxnet_mpi":
-            parts = node.module.split(".")
-            names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+        if node.level >= 1:
+            base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+        elif node.module and node.module.split(".")[0] == "mxnet_mpi":
+            base = []
         else:
             continue
-        found.update(n for n in names if (PACKAGE / (n + ".py")).exists())
-    return found
+        mod = node.module.split(".") if node.module else []
+        if node.level == 0:
+            mod = mod[1:]
+        target = base + mod
+        if target:
+            found.add(".".join(target))
+        else:
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in MODULES}
+
+
+MODULES = {module_name(p) for p in PACKAGE.rglob("*.py")}
 
 
 def graph() -> dict:
-    return {p.stem: imports_of(p) for p in PACKAGE.glob("*.py")}
+    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
 
 
 def test_every_module_has_a_layer():

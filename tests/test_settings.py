@@ -4,6 +4,7 @@ variable, and passed to every store, the free functions' store 0 included."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -26,6 +27,39 @@ def test_docs_list_the_table():
     assert page.count("| variable | default | meaning |") == 1
 
 
+def environment_reads(tree) -> list:
+    """MXNET_MPI_* names that `tree` reads from the environment itself
+    (environ.get/[...]/setdefault, getenv, `in environ`), by literal or by a
+    name bound to the literal anywhere in the module."""
+    consts = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+              for t in n.targets if isinstance(t, ast.Name)}
+
+    def name(node):
+        value = consts.get(node.id) if isinstance(node, ast.Name) else \
+            node.value if isinstance(node, ast.Constant) else None
+        return value if isinstance(value, str) and value.startswith("MXNET_MPI_") else None
+
+    def is_environ(node):
+        return isinstance(node, ast.Attribute) and node.attr == "environ" or \
+            isinstance(node, ast.Name) and node.id == "environ"
+
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and n.args:
+            f = n.func
+            if (isinstance(f, ast.Attribute) and f.attr in ("get", "setdefault", "pop")
+                    and is_environ(f.value)) or \
+                    (isinstance(f, ast.Attribute) and f.attr == "getenv") or \
+                    (isinstance(f, ast.Name) and f.id == "getenv"):
+                found.append(name(n.args[0]))
+        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and is_environ(n.value):
+            found.append(name(n.slice))
+        elif isinstance(n, ast.Compare) and any(is_environ(c) for c in n.comparators):
+            found.append(name(n.left))
+    return [f for f in found if f]
+
+
 def test_only_the_table_reads_the_environment():
     sources = sorted((ROOT / "mxnet_mpi").rglob("*.py")) + [ROOT / "_mxnet_mpi_autoload.py"]
     for path in sources:
@@ -35,8 +69,16 @@ def test_only_the_table_reads_the_environment():
                 path.name, name)
         if path.name in ("settings.py", "_mxnet_mpi_autoload.py"):
             continue   # the hook runs before the package can be imported
-        for m in re.finditer(r"(environ\.get|getenv|environ\[)\(?\s*[\"'](MXNET_MPI_\w+)", text):
-            pytest.fail("%s reads %s itself; use settings.get" % (path.name, m.group(2)))
+        for name in environment_reads(ast.parse(text)):
+            pytest.fail("%s reads %s itself; use settings.get" % (path.name, name))
+
+
+def test_the_environment_check_sees_reads_through_a_name():
+    reads = environment_reads(ast.parse(
+        "import os\nENV = 'MXNET_MPI_X'\nos.environ.get(ENV)\nos.getenv('MXNET_MPI_Y')\n"
+        "os.environ['MXNET_MPI_Z']\n'MXNET_MPI_W' in os.environ\nos.environ[ENV] = '1'\n"
+        "os.environ.get('OTHER')\n"))
+    assert sorted(reads) == ["MXNET_MPI_W", "MXNET_MPI_X", "MXNET_MPI_Y", "MXNET_MPI_Z"]
 
 
 @pytest.mark.parametrize("name,raw,text", [
