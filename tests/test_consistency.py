@@ -37,23 +37,35 @@ def test_periodic_check_from_trainer_step_rebroadcasts():
         proc.stdout
 
 
-def test_periodic_check_leaves_out_a_rank_that_joined():
-    """Uneven data: while rank 1 has joined (zeros into every sum), the checks
-    of rank 0's further steps saw zeros for its hashes and reported rank 1's
-    weights as different (with action 'raise', an error)."""
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_periodic_check_leaves_out_a_rank_that_joined(nranks):
+    """Uneven data: while the last rank has joined (zeros into every sum), the
+    checks of the others' further steps saw zeros for its hashes and reported
+    its weights as different (with action 'raise', an error). With 3 ranks the
+    checks after the join still run: rank 1's moved weight is named, the
+    joined rank is not."""
     env = {"MXNET_MPI_CONSISTENCY_EVERY": "1", "MXNET_MPI_CONSISTENCY_ACTION": "raise"}
-    proc = run_pooled("consistency.py", 2, "funneled", "joined", env=env, timeout=120)
-    assert results(proc.stdout) == [{"error": "None", "same": "True"}] * 2, proc.stdout
+    proc = run_pooled("consistency.py", nranks, "funneled", "joined", env=env, timeout=120)
+    res = results(proc.stdout)
+    assert len(res) == nranks, proc.stdout
+    if nranks == 2:
+        assert res == [{"error": "False", "differ": "None", "same": "True"}] * 2, proc.stdout
+    else:
+        stepping = [r for r in res if r["error"] == "True"]
+        assert len(stepping) >= 2 and all(r["differ"] == "1" for r in stepping), proc.stdout
+        # join() ends with the last stepping rank's weights everywhere
+        assert all(r["same"] == "True" for r in res), proc.stdout
 
 
 def test_off_by_default_costs_no_collective():
     per_step = {}
-    for every in ("0", "1"):
+    for every in (None, "0", "1"):   # None: unset, the default
         proc = run_pooled("consistency.py", 2, "concurrent", "off", timeout=120,
-                       env={"MXNET_MPI_CONSISTENCY_EVERY": every})
+                          env={"MXNET_MPI_CONSISTENCY_EVERY": every})
         counts = {r["per_step"] for r in results(proc.stdout)}
         assert len(counts) == 1, proc.stdout
         per_step[every] = float(counts.pop())
+    assert per_step[None] == per_step["0"]
     assert per_step["1"] == per_step["0"] + 1   # the check is one small collective
 
 
