@@ -6,7 +6,8 @@ data and a few steps, and only the import line changed:
   mpirun -np N python hvd_mnist.py OUT_DIR [--fp16] [--optimizer]
   python hvd_mnist.py OUT_DIR --reference N     (one process on the global batch)
   mpirun -np N python hvd_mnist.py OUT_DIR --horovod   (the real horovod.mxnet)
-Saves OUT_DIR/rank<r>.npz (or ref.npz) with the final weights.
+Saves OUT_DIR/rank<r>.npz (or ref.npz) with the final weights; --reference also
+OUT_DIR/init.npz, the initial ones.
 """
 
 import argparse
@@ -67,6 +68,10 @@ if args.reference:
     model.initialize(mx.init.Xavier(magnitude=2.24), ctx=mx.cpu())
     params = model.collect_params()
     trainer = gluon.Trainer(params, "sgd", opt_params, kvstore=None)
+    model(batch(0, 0)[0])   # shapes known: the initial weights, to see that training moved them
+    os.makedirs(args.outdir, exist_ok=True)
+    np.savez(os.path.join(args.outdir, "init.npz"),
+             **{k.split("_", 1)[1]: v.data().asnumpy() for k, v in params.items()})
 else:
     hvd.broadcast_parameters(params, root_rank=0)     # deferred: broadcast at first forward
     if args.optimizer:
