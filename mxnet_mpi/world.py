@@ -252,14 +252,38 @@ def _install_abort_hook() -> None:
     sys.excepthook = hook
 
 
+class _Exit(SystemExit):
+    """What the wrapped sys.exit raises: a SystemExit whose status is noted
+    when the interpreter reads it to exit with it, from no Python frame,
+    after the exception went uncaught in the main thread. A status caught on
+    the way (a harness trying argparse options) is never noted."""
+
+    @property
+    def code(self):
+        code = SystemExit.code.__get__(self)
+        if threading.current_thread() is threading.main_thread():
+            try:
+                sys._getframe(1)
+            except ValueError:   # read by the interpreter itself: the process exits
+                _state.exit_code = code
+        return code
+
+    def __reduce__(self):   # pickled (e.g. by a process pool) as a plain SystemExit
+        return SystemExit, self.args
+
+
+_Exit.__name__ = _Exit.__qualname__ = "SystemExit"
+_Exit.__module__ = "builtins"
+_NO_STATUS = object()
+
+
 def _watch_exit_status() -> None:
-    """Remember the status given to sys.exit (argparse errors included): Python
-    runs exit handlers before it says how it exits."""
+    """See the status given to sys.exit (argparse errors included) that ends
+    the process: Python runs exit handlers before it says how it exits."""
     original = sys.exit
 
-    def exit(status=None):  # noqa: A001  (same name as what it replaces)
-        _state.exit_code = status
-        original(status)
+    def exit(status=_NO_STATUS):  # noqa: A001  (same name as what it replaces)
+        raise _Exit() if status is _NO_STATUS else _Exit(status)
 
     exit.__doc__ = original.__doc__
     sys.exit = exit

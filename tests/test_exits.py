@@ -66,12 +66,27 @@ def test_exit_on_one_rank_ends_the_job_fast(scenario, status):
     t0 = time.time()
     proc = run_mpi("exits.py", 2, scenario, "concurrent", env=FAST, check=False, timeout=90)
     took = time.time() - t0
-    assert proc.returncode != 0
-    named = ("rank 1 is exiting with status %d" % status in proc.stderr
-             or "rank 1 finished its program" in proc.stderr)
+    if scenario == "raise_exit":
+        # `raise SystemExit(3)` bypasses sys.exit: Python's exit handlers cannot
+        # see the status, so the rank reads as having finished its program
+        assert proc.returncode != 0
+        named = ("rank 1 is exiting with status %d" % status in proc.stderr
+                 or "rank 1 finished its program" in proc.stderr)
+    else:   # sys.exit, argparse
+        assert proc.returncode == status, proc.returncode
+        named = "rank 1 is exiting with status %d" % status in proc.stderr
     assert named, proc.stderr[-3000:]
     assert took < 30, took  # long before the 8 s stall abort would matter, or 600 s
     assert "rank 0 finished" not in proc.stdout
+
+
+def test_exit_caught_or_in_a_thread_is_not_the_process_status():
+    """A SystemExit that the program catches (a harness trying argparse options)
+    or that ends only a thread is not how the rank exits: the job ends cleanly
+    (it was aborted with status 2 at the end of a correct program)."""
+    proc = run_mpi("exits.py", 2, "exit_caught", "funneled", env=FAST, timeout=90)
+    assert "exiting with status" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.count("finished exit_caught") == 2, proc.stdout
 
 
 def test_error_nobody_waited_for_does_not_abort_a_clean_end():

@@ -10,6 +10,9 @@ Every rank prints "rank R pid P ready" once its store works, then:
   pending_error  a collective fails (shapes differ) and nobody waits for it;
                  the program ends normally: exit 0, no abort, a note on stderr
   caught_exit1   a collective error is caught, then every rank sys.exit(1)s
+  exit_caught    rank 1 catches argparse's exit (status 2) and a thread of it calls
+                 sys.exit(4) (which ends only that thread); both ranks then push and
+                 end cleanly: exit 0
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 import mxnet as mx
@@ -67,6 +71,16 @@ elif scenario == "argparse":
 elif scenario == "pending_error":
     x = mx.nd.ones((3,) if RANK == 0 else (4,))
     kv.pushpull("mismatch", x)
+elif scenario == "exit_caught":
+    if RANK == 1:
+        try:
+            argparse.ArgumentParser().parse_args(["--no-such-option"])
+        except SystemExit:
+            pass
+        quitter = threading.Thread(target=sys.exit, args=(4,))
+        quitter.start()
+        quitter.join()
+    keep_pushing(120, steps=3)
 elif scenario == "caught_exit1":
     x = mx.nd.ones((3,) if RANK == 0 else (4,))
     kv.pushpull("mismatch", x)
