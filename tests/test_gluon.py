@@ -81,7 +81,9 @@ def test_trainer_issues_collectives_in_readiness_order(mode, tmp_path):
     back layer 0's gradient; see trainer_order.py). Every mode must overlap."""
     proc = run_pooled(str(SCRIPTS / "trainer_order.py"), 2, str(tmp_path / "t.json"),
                       env={"MXNET_MPI_MODE": mode})
-    order_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ORDER")][0]
-    order = ast.literal_eval(order_line.split(" ", 1)[1])
-    assert order == sorted(order, reverse=True) and len(order) == 8
-    assert "LAST_REDUCED_WHILE_GATE_CLOSED True" in proc.stdout
+    orders = [ast.literal_eval(ln.split(" ", 1)[1]) for ln in proc.stdout.splitlines()
+              if ln.startswith("ORDER")]
+    assert len(orders) == 2, proc.stdout    # one line per rank
+    for order in orders:
+        assert order == sorted(order, reverse=True) and len(order) == 8, orders
+    assert proc.stdout.count("LAST_REDUCED_WHILE_GATE_CLOSED True") == 2, proc.stdout
