@@ -144,6 +144,7 @@ class Stream:
             # e.g. ranks that create different stores (every rank gets this)
             raise MPIKVStoreError(_native.last_error())
         self.id = out.value
+        self.p2p_bytes = int(opts.get("p2p_bytes", 0))   # what the native store was given
         self._closed = False
 
     def push(self, calls: Sequence[Call], context: bytes | None = None) -> None:

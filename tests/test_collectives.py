@@ -98,6 +98,13 @@ def test_every_rank_ran_every_section(run, tmp_path_factory):
     wanted = set(SECTIONS)
     for res in ranks:
         assert set(res["sections"]) == wanted
+    # the run's setting reached every rank's store
+    if run[2] == "p2p":
+        assert all(r["p2p_bytes"] == 1 for r in ranks), [r["p2p_bytes"] for r in ranks]
+    elif run[2] == "preempt":
+        assert all(r["preempt_bytes"] == 4096 for r in ranks), ranks[0]["preempt_bytes"]
+    else:   # one host: MPI's own collectives; pieces only where funneled's default is on
+        assert all(r["p2p_bytes"] == 0 for r in ranks), [r["p2p_bytes"] for r in ranks]
     # a section fails or passes alike on every rank: no rank saw other inputs
     for section in wanted:
         statuses = {r["sections"][section]["status"] for r in ranks}

@@ -60,11 +60,13 @@ def assert_placed_per_host(out: str, hosts: list) -> None:
     PLACED line): mpirun fills host 0's slots first, so ranks 0,1 run on host 0
     and ranks 2,3 on host 1. The store's communicating thread (funneled: one)
     took MXNET_MPI_COMM_NICE's default, -10, where the rank may raise a
-    thread's priority, and kept the process's 0 where it may not."""
+    thread's priority, and kept the process's 0 where it may not. Its store
+    sends every allreduce over its point-to-point route (threshold 1 byte)."""
     seen = sorted(json.loads(ln.split("PLACED ", 1)[1]) for ln in out.splitlines()
                   if "PLACED " in ln)
     assert len(seen) == N, out[-3000:]
-    for rank, size, local_rank, local_size, host, nice, may_raise in seen:
+    for rank, size, local_rank, local_size, host, nice, may_raise, p2p_bytes in seen:
+        assert p2p_bytes == 1, (rank, p2p_bytes)
         assert size == N
         assert host == hosts[rank // PER_HOST]
         assert (local_rank, local_size) == (rank % PER_HOST, PER_HOST)

@@ -27,6 +27,8 @@ def test_ops_exact(store, np_, p2p):
     assert len(found) == np_ * expected, proc.stdout
     assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]
     assert proc.stdout.count("done") == np_
+    if store != "free":   # the run's threshold reached every rank's store (one host: off)
+        assert re.findall(r"P2P_BYTES (\d+)", proc.stdout) == ["1" if p2p else "0"] * np_
 
 
 @pytest.mark.parametrize("store,np_", [("chained", 2), ("concurrent", 3)])

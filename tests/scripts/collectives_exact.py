@@ -618,7 +618,9 @@ def main() -> None:
     for name in only:
         fn, *args = SECTIONS[name]
         res.run(name, fn, *args)
-    res.write(size=SIZE)
+    # what the store runs with, so the test can see a run's setting took effect
+    res.write(size=SIZE, p2p_bytes=getattr(KV.stream, "p2p_bytes", None),
+              preempt_bytes=KV.stream.options()["preempt_bytes"])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from mxnet_mpi import ops
 which = sys.argv[1]
 store = None if which == "free" else mx.kv.create("mpi_" + which)
 R, N = mxnet_mpi.rank(), mxnet_mpi.size()
+if store is not None:   # the point-to-point threshold the store runs with
+    print("P2P_BYTES %d" % store.stream.p2p_bytes, flush=True)
 
 
 def check(name, ok, detail=""):

@@ -31,7 +31,7 @@ out_dir = sys.argv[1]
 rank, size = mxnet_mpi.rank(), mxnet_mpi.size()
 kv = mx.kv.create("mpi_funneled")
 piece = kv.stream.options()["preempt_bytes"]
-assert piece > 0, "run with MXNET_MPI_PREEMPT_BYTES set"
+assert piece == 4096, "run with MXNET_MPI_PREEMPT_BYTES=4096 (the pieces counted below)"
 scale = size * (size + 1) // 2          # sum over ranks of (rank + 1)
 
 # ----------------------------------------------------------------- order
