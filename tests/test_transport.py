@@ -1,6 +1,7 @@
 """Open MPI transport defaults (mxnet_mpi/transport.py) and the netns cluster's
 per-host cores: pure functions, no MPI."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -178,14 +179,29 @@ def test_each_pid_namespace_removes_only_its_own_stale_directories(tmp_path):
     assert theirs.is_dir() and not ours.exists()
 
 
-def test_import_applied_them_here():
-    import mxnet_mpi  # noqa: F401
-    if not transport.enabled():
-        return   # switched off in this environment
-    for name in transport.DEFAULTS:
-        assert name in os.environ
-    if not transport.rdma_devices():   # ours or the user's BTL list
-        assert "OMPI_MCA_btl" in os.environ
+IMPORT_PROBE = """
+import json, os
+import mxnet_mpi
+from mxnet_mpi import transport
+print(json.dumps({"on": transport.enabled(), "rdma": bool(transport.rdma_devices()),
+                  "set": {k: os.environ.get(k) for k in [*transport.DEFAULTS, "OMPI_MCA_btl"]}}))
+"""
+
+
+def test_import_applies_them():
+    """In a process whose environment has no Open MPI variables (the Makefile
+    exports the defaults itself, so this test process proves nothing)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    proc = subprocess.run([sys.executable, "-c", IMPORT_PROBE], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not got["on"]:
+        pytest.skip("transport defaults switched off in this environment")
+    for name, (value, _) in transport.DEFAULTS.items():
+        assert got["set"][name] == value, (name, got)
+    if not got["rdma"]:
+        assert got["set"]["OMPI_MCA_btl"] == "^ofi", got
 
 
 def test_own_cores_spreads_hosts_over_cores():
