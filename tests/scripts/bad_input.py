@@ -154,9 +154,11 @@ def store_still_works(kv, rank: int, size: int, name: str, count: int) -> str:
     outs = [f32(shape, -1), f32(shape, -1, ctx=mx.cpu(1))]
     kv.pushpull(key, a, out=outs)
     want = sum(r + count for r in range(size))
-    got = outs[1].asnumpy()
-    if got.shape != shape or not np.all(got == want):
-        problems.append("pushpull(%r) after the error gave %s, want %s" % (key, got, want))
+    for i, out in enumerate(outs):
+        got = out.asnumpy()
+        if got.shape != shape or not np.all(got == want):
+            problems.append("pushpull(%r) after the error gave %s in out[%d], want %s"
+                            % (key, got, i, want))
     b = f32((2,), rank + 1)
     kv.broadcast("bcast-after-%s" % name, b, out=b)
     if not np.all(b.asnumpy() == 1):

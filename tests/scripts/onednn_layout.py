@@ -32,6 +32,8 @@ kv.broadcast("b", net2.weight.data(), out=out)     # oneDNN input, plain output
 ref = mx.nd.zeros(w2.shape)
 kv.broadcast("ref", mx.nd.array(w2), out=ref)       # the same, from plain arrays
 np.testing.assert_array_equal(out.asnumpy(), ref.asnumpy())
+_, w_root = conv_after_inference(seed=100)           # rank 0's, which both must hold
+np.testing.assert_array_equal(out.asnumpy(), w_root)
 
 # Trainer built after an inference forward (e.g. a shape-inference call)
 net3, _ = conv_after_inference(seed=200 + rank)
