@@ -169,6 +169,14 @@ class StoreCalls:
 
         self._run([(key, [src], [dst])], build, op, verb)
 
+    def _barrier(self) -> None:
+        """MXNet's barrier among the workers (what SVRGModule calls): returns
+        once every worker of the store (a hybrid store: the world) has called
+        it. Like MXNet's, it does not wait for the calls queued before it."""
+        token = mx.nd.zeros((1,), dtype="int32")
+        self.internal_collective(_native.ALLREDUCE, token, "barrier", workers=True)
+        token.wait_to_read()
+
     def internal_collective(self, op: int, arr, desc: str, root: int = 0,
                             workers: bool = False) -> None:
         """An in-place collective on a host array outside any key (its layout may

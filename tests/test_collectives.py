@@ -36,6 +36,7 @@ SECTIONS = (
     # 0-d and empty legacy arrays through every copy path; per-device mx.np lists
     "legacy_empty_out_list", "legacy_empty_devices", "legacy_empty_broadcast",
     "legacy_empty_init_pull", "legacy_empty_push_pull", "np_devices",
+    "barrier",
     "waits",   # the waiting threads' timer slack, after the others' traffic
 )
 

@@ -13,6 +13,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 
 import mxnet as mx
 import numpy as np
@@ -551,6 +552,20 @@ def sec_np_arrays(res: Results) -> None:
         res.check(isinstance(a, mx.np.ndarray), "mx.np %s became %s" % (what, type(a)))
 
 
+def sec_barrier(res: Results) -> None:
+    """kv._barrier() (MXNet's, which SVRGModule calls) returns only once every
+    rank has called it: the last rank arrives 0.5 s after the others."""
+    KV._barrier()                       # leave together
+    if RANK == SIZE - 1:
+        time.sleep(0.5)
+    t0 = time.monotonic()
+    KV._barrier()
+    waited = time.monotonic() - t0
+    if RANK != SIZE - 1:
+        res.check(waited > 0.3, "rank %d left the barrier after %.3f s, before the last "
+                  "rank arrived" % (RANK, waited))
+
+
 def sec_waits(res: Results) -> None:
     """After the sections' traffic: the store threads that waited for their
     peers (funneled's negotiator, concurrent's lanes) sleep with a timer slack
@@ -607,6 +622,7 @@ SECTIONS = {
     "legacy_empty_push_pull": (sec_push_pull, EMPTY_SHAPES),
     # per-device lists of mx.np arrays (Gluon with several contexts after npx.set_np())
     "np_devices": (np_mode(sec_pushpull_devices), SHAPES, mxnp),
+    "barrier": (sec_barrier,),
     "waits": (sec_waits,),   # last: after the others' traffic
 }
 
