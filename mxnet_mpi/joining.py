@@ -5,7 +5,8 @@ collective its peers still run (contributing zeros to sums, receiving
 broadcasts), until every rank has joined. Ranks that joined early skipped
 their optimizer updates for the peers' extra steps, so afterwards the
 parameters and optimizer states of the rank that ran the most collectives
-(the latest state) are copied to every rank, when given.
+(the latest state) are copied to every rank: those of every Trainer created
+on the store, and whatever params/updater the caller gives.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def _updaters(updater) -> list:
     if updater is None:
         return []
     if isinstance(updater, mx.gluon.Trainer):
-        if not updater._kv_initialized:
-            return []
+        # a Trainer on our stores updates locally, with updaters it made when it
+        # was created (a rank with no batch at all has stepped it never)
         return list(updater._updaters)
     if hasattr(updater, "get_states") and hasattr(updater, "set_states"):
         return [updater]
@@ -119,6 +120,10 @@ def join_store(store, params=None, updater=None) -> int:
     counts = issued_per_rank(store, issued)
     root = int(np.argmax(counts))  # the latest state; the lowest such rank
     if counts.min() != counts.max():  # some rank skipped updates: copy the latest
+        for trainer in attached(store):
+            if trainer is not updater:
+                broadcast_from(store, root, trainer._params, "join: Trainer")
+                broadcast_states(store, root, trainer)
         if params is not None:
             broadcast_from(store, root, params)
         if updater is not None:
@@ -128,6 +133,21 @@ def join_store(store, params=None, updater=None) -> int:
 
 
 _stores: weakref.WeakSet = weakref.WeakSet()
+_trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # store -> [weakref]
+
+
+def attach(store, trainer) -> None:
+    """Remember that `trainer` updates through `store`: join() on the store
+    brings its parameters and optimizer states up to date too."""
+    refs = _trainers.setdefault(store, [])
+    if not any(r() is trainer for r in refs):
+        refs.append(weakref.ref(trainer))
+
+
+def attached(store) -> list:
+    """The live Trainers created on `store`, in the order they were created
+    (the same on every rank)."""
+    return [t for t in (r() for r in _trainers.get(store, [])) if t is not None]
 
 
 def register(store) -> None:
@@ -140,6 +160,12 @@ def open_stores() -> list:
     return [s for s in list(_stores) if not s.closed]
 
 
+_HOROVOD_JOIN = ("; mxnet_mpi.horovod.DistributedTrainer reduces outside any store, so "
+                 "uneven data with it cannot be joined: give every rank the same number of "
+                 "batches, or use gluon.Trainer(..., kvstore='mpi') with the horovod "
+                 "functions")
+
+
 def join(target=None) -> int:
     """This rank has run out of data (uneven shards): call join() and it keeps
     taking part in what the other ranks still run, until all have joined.
@@ -149,12 +175,17 @@ def join(target=None) -> int:
     a store, or None for every open store at once. Returns the rank whose
     state is the latest."""
     if isinstance(target, mx.gluon.Trainer):
-        store = target._kvstore
+        # the store exists from the Trainer's creation on (mxnet_patches), though
+        # MXNet sets _kvstore only at the first step: a rank may have no batch
+        store = target._kvstore or target._kvstore_params.get("kvstore")
         if store is None or not hasattr(store, "join"):
-            raise MPIKVStoreError("join(trainer): the trainer's kvstore is %r, not an MPI store "
-                                  "(create the Trainer with kvstore='mpi' and step it once)"
-                                  % (store.type if store is not None else None,))
-        return store.join(params=target._params, updater=target)
+            name = getattr(store, "type", store)
+            raise MPIKVStoreError(
+                "join(trainer): the trainer's kvstore is %r, not one of mxnet_mpi's stores "
+                "(create the Trainer with kvstore='mpi')%s"
+                % (name, _HOROVOD_JOIN if hasattr(target, "_process_set") else ""))
+        attach(store, target)
+        return store.join()
     if target is not None:
         return target.join()
     stores = [s for s in open_stores() if s.supports_join]

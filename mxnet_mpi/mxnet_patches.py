@@ -20,7 +20,7 @@ import os
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, weight_writes
+from . import _native, joining, weight_writes
 from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
@@ -172,6 +172,7 @@ def _patch_trainer() -> None:
         # initial weights are broadcast before the first forward pass.
         self._kvstore_params["kvstore"] = kv
         kv.sync_initial_params(self._params)
+        joining.attach(kv, self)   # join() on the store brings this Trainer up to date
         self._params_to_init = []
 
     # The batch-size rule needs the agreed mean before _update() pushes the

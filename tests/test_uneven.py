@@ -24,6 +24,20 @@ def test_join_gives_identical_weights_equal_to_one_process(mode):
     assert set(re.findall(r"root (\d+)", proc.stdout)) == {"2"}
 
 
+@pytest.mark.parametrize("scenario,mode", [("join_all", "funneled"), ("join_kv", "chained"),
+                                           ("join_zero", "concurrent"),
+                                           ("join_zero_all", "funneled")])
+def test_every_form_of_join_brings_the_trainer_up_to_date(scenario, mode):
+    """mxnet_mpi.join() and kv.join() (the forms the no-join error names) bring
+    the Trainers created on the store up to date as join(trainer) does (they
+    left the ranks that joined early with their old weights: silent drift);
+    a rank with no batch at all joins too (join(trainer) refused its Trainer,
+    never stepped, as 'not an MPI store')."""
+    proc = run_pooled("uneven.py", 3, mode, scenario, timeout=120)
+    assert proc.stdout.count("JOIN OK") == 3, proc.stdout
+    assert len(set(re.findall(r"checksum (\S+)", proc.stdout))) == 1, proc.stdout
+
+
 @pytest.mark.parametrize("mode", ["chained", "concurrent"])
 def test_finished_rank_is_named_at_once_without_join(mode):
     t0 = time.time()

@@ -9,6 +9,12 @@ join      rank r trains 2 + 3 r steps (SGD with momentum), then calls
           same optimizer state (checked by one more step on every rank).
 no_join   the same, but ranks just end their program: the ranks that still
           train must fail fast, naming the rank that finished.
+join_all  as join, with mxnet_mpi.join() (no argument): the Trainer created on
+          the store is brought up to date all the same
+join_kv   as join, with the store's own kv.join() (the Trainer was given the store)
+join_zero, join_zero_all
+          as join and join_all, but rank r trains 3 r steps: rank 0 has no
+          batch at all (its Trainer never stepped)
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import mxnet_mpi
 
 mode, scenario = sys.argv[1], sys.argv[2]
 RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
-STEPS = [2 + 3 * r for r in range(SIZE)]
+STEPS = [(0 if scenario.startswith("join_zero") else 2) + 3 * r for r in range(SIZE)]
 BATCH = 4
 
 
@@ -63,8 +69,9 @@ def reference(extra_step: bool) -> np.ndarray:
 
 
 net = model()
+store = mx.kv.create("mpi_" + mode) if scenario == "join_kv" else "mpi_" + mode
 trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9},
-                           kvstore="mpi_" + mode)
+                           kvstore=store)
 for step in range(STEPS[RANK]):
     x, y = batch(RANK, step)
     with mx.autograd.record():
@@ -75,7 +82,12 @@ net.weight.data().wait_to_read()
 if scenario == "no_join":
     print("rank %d ends its program at %.3f" % (RANK, time.time()), flush=True)
     sys.exit(0)
-root = mxnet_mpi.join(trainer)
+if scenario in ("join", "join_zero"):
+    root = mxnet_mpi.join(trainer)
+elif scenario == "join_kv":
+    root = store.join()
+else:
+    root = mxnet_mpi.join()
 # One more step on every rank: equal optimizer states give equal weights.
 step = max(STEPS)
 x, y = batch(RANK, step)
