@@ -160,12 +160,48 @@ def load_stores() -> None:
     try:
         import mxnet_mpi  # noqa: F401
     except Exception as exc:  # noqa: BLE001  (import mxnet must still work)
+        reason = "%s: %s" % (type(exc).__name__, exc)
         msg = ("mxnet_mpi could not be loaded when mxnet was imported, so kvstore 'mpi' and "
-               "its relatives are not registered (a script using them would train each "
-               "process alone): %s: %s. MXNET_MPI_AUTOLOAD=0 switches this hook off."
-               % (type(exc).__name__, exc))
+               "its relatives raise this error when used: %s. MXNET_MPI_AUTOLOAD=0 switches "
+               "this hook off." % reason)
         try:
             import warnings
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
         except Exception:  # noqa: BLE001  (warnings turned into errors)
             sys.stderr.write("Warning: %s\n" % msg)
+        try:
+            refuse_stores(reason)
+        except Exception:  # noqa: BLE001  (an mxnet without these hooks)
+            pass
+
+
+#: The store names mxnet_mpi registers (tests/test_runner.py checks the list).
+STORE_NAMES = ("mpi", "mpi_funneled", "mpi_chained", "mpi_concurrent", "dist_sync_mpi",
+               "dist_async_mpi")
+
+
+def refuse_stores(reason: str) -> None:
+    """After mxnet_mpi failed to load: our store names raise, naming `reason`.
+    MXNet would otherwise create a local store for an unknown name, and a
+    Trainer or Module given one by name on one device creates none at all:
+    every process of the job would train alone and exit 0."""
+    import mxnet as mx
+    from mxnet.base import MXNetError
+    from mxnet.kvstore import KVStoreBase
+
+    def refuse(name: str):
+        raise MXNetError("kvstore '%s' is not available: mxnet_mpi could not be loaded when "
+                         "mxnet was imported (%s)" % (name, reason))
+
+    for name in STORE_NAMES:
+        KVStoreBase.kv_registry[name] = type(
+            name, (KVStoreBase,), {"__init__": lambda self, _name=name: refuse(_name)})
+    for module in (mx.model, mx.gluon.trainer, mx.module.module):
+        original = module._create_kvstore
+
+        def create(kvstore, *args, _original=original):
+            if isinstance(kvstore, str) and kvstore.lower() in STORE_NAMES:
+                refuse(kvstore)
+            return _original(kvstore, *args)
+
+        module._create_kvstore = create
