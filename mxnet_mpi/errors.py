@@ -9,3 +9,13 @@ class MPIKVStoreError(MXNetError, ValueError):
     a collective that failed on every rank because of one rank (the message
     names it). Registered with MXNet, so errors raised inside engine ops reach
     Python as this type too."""
+
+    def __init__(self, message="", *args) -> None:
+        # MXNet passes an engine op's error on with its "TypeName: " header,
+        # which printing the exception would show twice
+        if isinstance(message, str) and message.startswith(_HEADER):
+            message = message[len(_HEADER):]
+        super().__init__(message, *args)
+
+
+_HEADER = MPIKVStoreError.__name__ + ": "
