@@ -272,7 +272,7 @@ def broadcast_(tensor, root_rank: int = 0, name: str | None = None, priority: in
     _push(store, Call(_native.BROADCAST, [host], [host], dtype=tensor.dtype,
                       shapes=[tuple(tensor.shape)],
                       desc=_text(name, "broadcast", "shape=%s" % (tuple(tensor.shape),),
-                                 tensor.dtype),
+                                 tensor.dtype) + " from root %d" % root_rank,
                       label=name or "broadcast", root=int(root_rank), priority=priority), comm)
     if host is not tensor:
         host.copyto(tensor)

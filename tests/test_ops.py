@@ -35,8 +35,11 @@ def test_ops_exact(store, np_, p2p):
 def test_mismatches_fail_on_every_rank(store, np_):
     proc = run_pooled("ops_exact.py", np_, store, "mismatch", timeout=120)
     found = checks(proc.stdout)
-    assert len(found) == np_ * 6, proc.stdout
+    assert len(found) == np_ * 7, proc.stdout
     assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]
     # the rank with bad input raises its reason; its peers name it
     assert "rank %d could not take part" % (np_ - 1) in proc.stdout
     assert "ranks disagree on a collective" in proc.stdout
+    # each rank's broadcast root is shown (the descriptions were identical)
+    roots = [c[2] for c in found if c[0] == "broadcast_root_differs"]
+    assert all("from root 0" in d and "from root %d" % (np_ - 1) in d for d in roots), roots

@@ -41,6 +41,8 @@ if len(sys.argv) > 2 and sys.argv[2] == "mismatch":
             mx.nd.ones((N, 2)), splits=[N + 1] * N if R == N - 1 else [1] * N, store=store),
         "allgather_0d_one_rank": lambda: ops.allgather(
             mx.nd.ones((2,)) if R != N - 1 else mx.nd.array(1.0).reshape(()), store=store),
+        "broadcast_root_differs": lambda: ops.broadcast(
+            mx.nd.ones((3,)), root_rank=N - 1 if R == N - 1 else 0, store=store),
     }
     for name, fn in cases.items():
         try:
@@ -49,7 +51,7 @@ if len(sys.argv) > 2 and sys.argv[2] == "mismatch":
             mx.nd.waitall()
             check(name, False, "no error")
         except mxnet_mpi.MPIKVStoreError as exc:
-            check(name, True, str(exc).splitlines()[0][:200])
+            check(name, True, str(exc).splitlines()[0][:600])
         mx.nd.waitall()
     # the stream is still exact afterwards
     a = ops.allreduce(mx.nd.array(data(R, (4,))), store=store)
