@@ -233,7 +233,18 @@ std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& pe
       missing << "alive, has joined (ran out of data) and waits for the others";
     } else if (s.waiting) {
       missing << "alive, waiting on '" << s.desc << "'" << s.where;
-      if (s.kind == static_cast<int32_t>(FlightKind::kCollective)) missing << " (#" << s.seq << ")";
+      if (s.kind == static_cast<int32_t>(FlightKind::kCollective)) {
+        missing << " (#" << s.seq;
+        Members other;
+        // Two stores whose collectives the ranks issue in different orders
+        // (two Trainers stepped in turn): each waits on its own store.
+        if (s.store != f.store)
+          missing << " of another store"
+                  << (MembersOf(static_cast<int>(s.store), &other) ? ", '" + other.name + "'" : "")
+                  << ": the ranks wait on different stores, which they use in different "
+                     "orders";
+        missing << ")";
+      }
       missing << " for " << static_cast<int>(s.age) << " s";
     } else {
       missing << "alive, no collective ready: not pushed yet, or its inputs not computed";

@@ -97,6 +97,18 @@ def test_key_missing_on_a_rank_warns_then_aborts(mode):
     assert took < 40  # aborted after ~4 s, not after the 120 s the others sleep
 
 
+def test_ranks_waiting_on_different_stores_are_told_so():
+    """Each rank waits on a collective of another store than its peer (two
+    stores used in different orders): the warning says so, where both named
+    the same store and sequence number, as if the peer were on this one."""
+    proc, took = fail("two_stores", "funneled")
+    assert proc.returncode != 0
+    warn = [ln for ln in proc.stderr.splitlines() if "stall warning" in ln]
+    assert warn, proc.stderr[-3000:]
+    assert "of another store, 'mpi_funneled': the ranks wait on different stores" in warn[0]
+    assert took < 40
+
+
 def leftovers(marker: str) -> list:
     """PIDs of live processes whose command line contains `marker`."""
     found = []

@@ -5,6 +5,8 @@
     dtype      key 'w' is float32 on rank 0 and float64 elsewhere
     order      ranks push keys 'a' and 'b' (same shapes) in different orders
     missing    only rank 0 pushes key 'only_rank0'; the others do other work
+    two_stores a second store; rank 0 waits on the first store's key 'x' while
+               rank 1 waits on the second's key 'y' (used in different orders)
     raise      rank 1 raises in the training loop
     sigkill    rank 1 kills itself with SIGKILL in the training loop
     ok         everything agrees (control)
@@ -37,6 +39,14 @@ elif scenario == "missing":
         a.wait_to_read()
     else:
         time.sleep(120)
+elif scenario == "two_stores":
+    other = mx.kv.create("mpi_" + mode)
+    a, b = mx.nd.ones((3,)), mx.nd.ones((4,))
+    first, second = ((kv, "x", a), (other, "y", b)) if rank == 0 else ((other, "y", b),
+                                                                     (kv, "x", a))
+    for store, key, arr in (first, second):
+        store.pushpull(key, arr)
+        arr.wait_to_read()
 elif scenario in ("raise", "sigkill"):
     a = mx.nd.ones((1000,))
     for step in range(10000):
