@@ -107,7 +107,7 @@ def test_exit_status_on_one_of_two_ranks_ends_the_job_quickly(how):
     assert elapsed < 45, "took %.0f s" % elapsed
 
 
-def test_failure_on_every_rank_ends_the_job():
+def test_failure_on_one_rank_ends_the_whole_job():
     # rank 1 raises after a step while rank 0 trains on: the job ends, naming rank 1
     proc = runner(PLAIN, "mpi", "fail", np_=2, timeout=60)
     assert proc.returncode != 0

@@ -107,5 +107,7 @@ def may_raise_priority() -> bool:
 if not (args.reference or args.kvstore.startswith("dist")):   # where MPI placed this rank
     print("PLACED " + json.dumps([rank, size, mxnet_mpi.local_rank(), mxnet_mpi.local_size(),
                                   socket.gethostname(), comm_thread_nice(),
-                                  may_raise_priority(), trainer._kvstore.stream.p2p_bytes]),
+                                  may_raise_priority(),
+                                  getattr(getattr(trainer._kvstore, "stream", None),
+                                          "p2p_bytes", None)]),
           flush=True)
