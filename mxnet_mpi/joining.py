@@ -35,19 +35,46 @@ def issued_per_rank(store, issued: int) -> np.ndarray:
     return counts
 
 
+def _items(params) -> list:
+    """(name, parameter or arrays) of `params`, in the order every rank has."""
+    if isinstance(params, mx.gluon.ParameterDict):
+        return list(params.items())
+    if hasattr(params, "items"):
+        return sorted(params.items(), key=lambda kv: kv[0])
+    return [(p.name, p) for p in params]
+
+
+def finish_deferred(store, root: int, params) -> None:
+    """A rank that ran no forward pass (no batch at all) holds Gluon parameters
+    still waiting for deferred initialisation: they take rank `root`'s shapes
+    (one broadcast of every parameter's shape) and are initialised, so that
+    every rank then copies the same parameters."""
+    gluon = [p for _, p in _items(params) if isinstance(p, mx.gluon.Parameter)]
+    flat = [d for p in gluon for d in (p.shape or ())]
+    if not flat:
+        return
+    shapes = mx.nd.array(np.array(flat, dtype=np.int64), dtype="int64")
+    _internal(store, _native.BROADCAST, shapes, "join: parameter shapes", root=root)
+    flat, at = shapes.asnumpy().tolist(), 0
+    for p in gluon:
+        n = len(p.shape or ())
+        if p._data is None and p._deferred_init:
+            p.shape = tuple(int(d) for d in flat[at:at + n])
+            # without the store's hook (store_glue.on_deferred_init): the other
+            # ranks broadcast their initial weights at their first forward long
+            # ago; the copy that follows brings the latest ones
+            vars(p).pop("_init_impl", None)
+            p._finish_deferred_init()
+        at += n
+
+
 def _param_arrays(params) -> list:
     """[(name, [arrays of every device])] of Gluon parameters, or of a dict
     name -> NDArray (or list of the NDArrays of every device), in an order
     that is the same on every rank: a ParameterDict's or a list's own (Gluon
     may name a parameter differently on two ranks), a dict's sorted names."""
-    if isinstance(params, mx.gluon.ParameterDict):
-        items = list(params.items())
-    elif hasattr(params, "items"):
-        items = sorted(params.items(), key=lambda kv: kv[0])
-    else:
-        items = [(p.name, p) for p in params]
     out = []
-    for name, p in items:
+    for name, p in _items(params):
         if isinstance(p, mx.nd.NDArray):
             out.append((name, [p]))
         elif isinstance(p, (list, tuple)) and p and all(isinstance(a, mx.nd.NDArray) for a in p):
@@ -122,9 +149,11 @@ def join_store(store, params=None, updater=None) -> int:
     if counts.min() != counts.max():  # some rank skipped updates: copy the latest
         for trainer in attached(store):
             if trainer is not updater:
+                finish_deferred(store, root, trainer._params)
                 broadcast_from(store, root, trainer._params, "join: Trainer")
                 broadcast_states(store, root, trainer)
         if params is not None:
+            finish_deferred(store, root, params)
             broadcast_from(store, root, params)
         if updater is not None:
             broadcast_states(store, root, updater)

@@ -13,8 +13,9 @@ join_all  as join, with mxnet_mpi.join() (no argument): the Trainer created on
           the store is brought up to date all the same
 join_kv   as join, with the store's own kv.join() (the Trainer was given the store)
 join_zero, join_zero_all
-          as join and join_all, but rank r trains 3 r steps: rank 0 has no
-          batch at all (its Trainer never stepped)
+          as join and join_all, but rank 1 has no batch at all (its Trainer
+          never stepped); with join_zero_all the layer's input size is
+          inferred at the first forward, which rank 1 never runs
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import mxnet_mpi
 
 mode, scenario = sys.argv[1], sys.argv[2]
 RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
-STEPS = [(0 if scenario.startswith("join_zero") else 2) + 3 * r for r in range(SIZE)]
+STEPS = [0 if r == 1 and scenario.startswith("join_zero") else 2 + 3 * r for r in range(SIZE)]
+DEFERRED = scenario == "join_zero_all"
 BATCH = 4
 
 
@@ -39,7 +41,7 @@ def batch(r: int, step: int):
 
 
 def model():
-    net = mx.gluon.nn.Dense(2, in_units=5)
+    net = mx.gluon.nn.Dense(2, in_units=0 if DEFERRED else 5)
     net.initialize(mx.init.Constant(0.1))
     return net
 
@@ -78,7 +80,7 @@ for step in range(STEPS[RANK]):
         loss = loss_of(net, x, y)
     loss.backward()
     trainer.step(BATCH)
-net.weight.data().wait_to_read()
+mx.nd.waitall()
 if scenario == "no_join":
     print("rank %d ends its program at %.3f" % (RANK, time.time()), flush=True)
     sys.exit(0)
