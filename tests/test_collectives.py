@@ -104,7 +104,7 @@ def test_every_rank_ran_every_section(run, tmp_path_factory):
         assert all(r["p2p_bytes"] == 1 for r in ranks), [r["p2p_bytes"] for r in ranks]
     elif run[2] == "preempt":
         assert all(r["preempt_bytes"] == 4096 for r in ranks), ranks[0]["preempt_bytes"]
-    else:   # one host: MPI's own collectives; pieces only where funneled's default is on
+    else:   # one host: MPI's own collectives, no point-to-point route
         assert all(r["p2p_bytes"] == 0 for r in ranks), [r["p2p_bytes"] for r in ranks]
     # a section fails or passes alike on every rank: no rank saw other inputs
     for section in wanted:
