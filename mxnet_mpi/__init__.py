@@ -11,6 +11,8 @@ start-up hook (``_mxnet_mpi_autoload``; ``MXNET_MPI_AUTOLOAD=0`` turns it off).
 
 import sys
 
+from . import settings as _settings
+
 
 def _launcher_only() -> bool:
     """True while ``python -m mxnet_mpi.launch`` locates its module: the
@@ -25,6 +27,10 @@ def _launcher_only() -> bool:
             return word == "-mmxnet_mpi.launch"
     return False
 
+
+# The start-up hook reads this one itself, before the package can be imported,
+# and takes any value but 0/false/no/off as on: a bad value is named here.
+_settings.get("MXNET_MPI_AUTOLOAD")
 
 if not _launcher_only():
     from . import transport
