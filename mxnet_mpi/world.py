@@ -81,6 +81,7 @@ class _State:
     exit_code: object = None
     finalized: bool = False
     segment_dir: str | None = None   # a singleton's shared-memory directory
+    init_error: str | None = None    # why starting MPI failed (raised again on each try)
 
 
 _state = _State()
@@ -104,6 +105,8 @@ def init() -> Communicator:
     with _lock:
         if _state.world is not None:
             return _state.world
+        if _state.init_error is not None:   # MPI started, then failed: it cannot start again
+            raise MPIKVStoreError(_state.init_error)
         # reliability and store settings, read when MPI is initialised
         warn, abort, interval = settings.stall_limits()
         store0 = settings.store_options()   # the free functions' store
@@ -120,7 +123,15 @@ def init() -> Communicator:
             rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[store0[k] for k in settings.STORE_OPTIONS],
                                 *[ctypes.byref(o) for o in out])
         if rc != 0:
-            raise MPIKVStoreError(last_error())
+            error = last_error()
+            if "different stores" in error:
+                # the free functions' store is made with MPI, from each rank's
+                # environment: no store can be made alike in this process
+                error += (" -- found as MPI started: the ranks' environments hold different "
+                          "MXNET_MPI_* settings; start every rank with the same ones (MPI "
+                          "cannot be used in this process any more)")
+            _state.init_error = error
+            raise MPIKVStoreError(error)
         provided, rank, size, local_rank, local_size = (o.value for o in out)
         if provided < THREAD_SERIALIZED:
             LIB.mxmpi_finalize()

@@ -6,11 +6,12 @@ collective must still complete (no rank left stuck in an unmatched one)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from mpirun import run_mpi
+from mpirun import MPIRUN, mpi_env, run_mpi
 from pool import run_pooled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
@@ -100,6 +101,34 @@ def test_uncaught_exception_on_one_rank_aborts_the_job(tmp_path):
     assert proc.returncode != 0
     assert "rank 1 raised RuntimeError; aborting the MPI job" in proc.stderr, proc.stderr[-3000:]
     assert "rank 0 finished" not in proc.stdout
+
+
+START_PROBE = r"""
+import os, mxnet as mx
+for attempt in ("first", "again"):
+    try:
+        mx.kv.create("mpi")
+        print(attempt, "created")
+    except mx.base.MXNetError as e:
+        print(attempt, type(e).__name__, str(e))
+    os.environ.pop("MXNET_MPI_CHUNK_BYTES", None)
+"""
+
+
+def test_ranks_started_with_different_settings_are_told_why():
+    """One rank's environment holds another MXNET_MPI_* value from the start:
+    the mismatch is found as MPI starts (in the free functions' store), so the
+    error says the environments differ, and a later try gets the same error
+    (it got 'already initialised')."""
+    cmd = [MPIRUN, "-np", "1", sys.executable, "-c", START_PROBE, ":", "-np", "1",
+           "-x", "MXNET_MPI_CHUNK_BYTES=65536", sys.executable, "-c", START_PROBE]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("first", "again"))]
+    assert len(lines) == 4, proc.stdout
+    for ln in lines:
+        assert "MPIKVStoreError" in ln and "rank 1 chained chunk_bytes=65536" in ln, ln
+        assert "found as MPI started: the ranks' environments hold different" in ln, ln
 
 
 def test_ranks_that_create_different_stores_are_told_at_once():
