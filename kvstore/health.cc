@@ -280,7 +280,9 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
         os << "rank " << p << " finished its program after issuing " << issued
            << " collectives on store '" << m.name << "', but this rank waits on " << Where(f, m)
            << ", which rank " << p << " will never run. Ranks with uneven amounts of data must "
-           << "call join() (kv.join() or mxnet_mpi.join()) when they run out";
+           << "call join() (kv.join() or mxnet_mpi.join()) when they run out (the hybrid "
+           << "stores dist_sync_mpi and dist_async_mpi cannot join: there, every rank needs the "
+           << "same number of batches)";
         AbortJob(os.str(), 4);
       }
       // A join flight's seq is the joins this rank completed before it.

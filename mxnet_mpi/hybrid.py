@@ -61,6 +61,7 @@ from .hybrid_sparse import SparsePath, is_sparse_param
 from .keys import broadcast_groups, check_optimizer, key_groups
 from .keys import check_key as _check_key
 from .kvstore import MPIKVStore
+from .optimizer_settings import describe
 from .pslite_client import ServerClient, close_at_exit, open_stores, server_flight
 from .server_keys import ServerKeys
 from .store_glue import on_deferred_init
@@ -246,6 +247,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         waits until it is there, so no push can reach a server before it."""
         check_optimizer(optimizer)
         self._optimizer = optimizer
+        self._optimizer_sent = describe(optimizer)
         if self._world.rank == 0:
             self._dist.set_optimizer(self._ps_keys.optimizer(optimizer))
         world_sum(self._world, [1])   # barrier
@@ -295,11 +297,27 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                                   "(set_optimizer, or a Trainer with update_on_kvstore=True): "
                                   "a Trainer with update_on_kvstore=False needs a store whose "
                                   "servers only sum" % self.type)
+        if update_on_kvstore and self._optimizer is not None:
+            self._check_optimizer_unchanged()
         agreed = (self.batch_agreement(batch_size, what, settings, flags)
                   if batch_size is not None else None)
         with self.serving(what):
             self._allreduce_phases(params, update_on_kvstore)
         return agreed
+
+    def _check_optimizer_unchanged(self) -> None:
+        """The servers run the optimizer as it was sent: a setting changed on the
+        ranks since (Trainer.set_learning_rate) would be ignored without a word,
+        as with MXNet's dist stores."""
+        now = describe(self._optimizer)
+        if now != self._optimizer_sent:
+            raise MPIKVStoreError(
+                "the optimizer's settings changed after they went to the parameter servers "
+                "of kvstore '%s', which update the weights with the settings they were "
+                "sent (was: %s; now: %s): change the learning rate with an lr_scheduler "
+                "(it goes to the servers with the optimizer), or update on the ranks "
+                "(Trainer(..., update_on_kvstore=False) or MXNET_UPDATE_ON_KVSTORE=0)"
+                % (self.type, self._optimizer_sent, now))
 
     def _allreduce_phases(self, params, update_on_kvstore: bool) -> None:
         live = [(i, p) for i, p in enumerate(params) if p.grad_req != "null"]

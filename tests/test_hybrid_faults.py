@@ -43,7 +43,7 @@ def run_cases(cases: list, kvstore: str = "dist_sync_mpi", groups: int = GROUPS)
 
 
 # The sync cases share one launched job: each needs the cluster, none breaks it.
-SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows"]
+SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows", "lr_changed"]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,14 @@ def test_several_trainers_do_not_reinit_the_servers(sync_rows):
     for r in sync_rows["two_trainers"]:
         np.testing.assert_allclose(r["weight"], want_w, rtol=1e-5)
         np.testing.assert_allclose(r["bias"], want_b, rtol=1e-5)
+
+
+def test_learning_rate_changed_after_the_optimizer_went_to_the_servers(sync_rows):
+    """Trainer.set_learning_rate with the optimizer on the servers was ignored
+    without a word (the servers kept 0.1): refused on every rank instead."""
+    for r in sync_rows["lr_changed"]:
+        assert r["error"] is not None and "changed after they went to the parameter " \
+            "servers" in r["error"] and "lr=0.1" in r["error"] and "lr=0.05" in r["error"], r
 
 
 def test_several_trainers_async():

@@ -7,6 +7,8 @@ uninit_pull   pull of a key never initialised: every rank of every group gets th
 rsp_no_rows   row_sparse_pull where no rank of a group asks for a row.
 two_trainers  three Trainers on one store (MXNet's tests do this): no key is
               re-initialised on the servers; training still matches.
+lr_changed    a Trainer's learning rate set on every rank after a step (the servers
+              run the optimizer as sent): the next step is refused on every rank.
 train_steps   5 steps, READY after the first, then 3 s of other work before the
               program ends (time for the test to stop the scheduler).
 train_loop    pushes and pulls until killed; READY after the first step.
@@ -73,6 +75,23 @@ def run_case(case: str) -> dict:
             tr.step(1)
         out["weight"] = net.weight.data().asnumpy().tolist()
         out["bias"] = net.bias.data().asnumpy().tolist()
+    elif case == "lr_changed":
+        net = gluon.nn.Dense(2, in_units=3)   # the layout two_trainers gave keys 0 and 1
+        net.initialize(mx.init.Constant(0.5))
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+
+        def step():
+            with mx.autograd.record():
+                loss = net(mx.nd.ones((1, 3))).sum()
+            loss.backward()
+            trainer.step(1)
+        step()
+        trainer.set_learning_rate(0.05)
+        try:
+            step()
+            out["error"] = None
+        except mxnet_mpi.MPIKVStoreError as e:
+            out["error"] = str(e)
     elif case in ("train_steps", "train_loop"):
         # train_loop: pushes and pulls until killed; train_steps: 5 steps, then 3 s
         # of other work; both print READY after the first step
