@@ -256,7 +256,9 @@ std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& pe
 
 std::string ServerNote() {
   return ": a parameter-server request (the servers or the scheduler do not answer: stopped, "
-         "dead or overloaded; `python -m mxnet_mpi.launch` names stopped servers)";
+         "dead or overloaded; `python -m mxnet_mpi.launch` names stopped servers; or a "
+         "synchronous server waits for a group that has not got there: groups that run "
+         "different numbers of steps)";
 }
 
 void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>* warned) {
