@@ -12,11 +12,14 @@ settings in its message.
 The text holds the optimizer's class and every public setting whose value is a
 plain scalar (learning rate ``lr``, ``wd``, ``momentum``, ``beta1``,
 ``clip_gradient``, ...), its ``lr_mult``/``wd_mult`` tables, the per-parameter
-multipliers of Gluon parameters, and the scheduler's class and scalar settings
-(read, never called: a scheduler may count its calls). Left out: what the
-ranks may hold differently without changing the update (``rescale_grad``,
-which the batch-size rule sets from the agreed sum; update counters;
-``aggregate_num``, how many parameters one op updates).
+multipliers of Gluon parameters, and the scheduler's class and settings
+(read, never called: a scheduler may count its calls). Lists of scalars count
+as settings (a MultiFactorScheduler's ``step``: with only its scalars compared,
+ranks with different lists met only once a change of rate had been applied).
+So does ``aggregate_num``, how many parameters one op updates: LAMB's
+grouped update rounds differently from its one-by-one update. Left out: what
+the ranks may hold differently without changing the update (``rescale_grad``,
+which the batch-size rule sets from the agreed sum; update counters).
 """
 
 from __future__ import annotations
@@ -24,13 +27,25 @@ from __future__ import annotations
 import hashlib
 
 #: Attributes that are not settings of the update, or that the stores set alike.
-SKIPPED = frozenset({"rescale_grad", "num_update", "begin_num_update", "aggregate_num"})
+SKIPPED = frozenset({"rescale_grad", "num_update", "begin_num_update"})
 _SCALARS = (bool, int, float, str, type(None))
+
+
+def _plain(value) -> bool:
+    """A scalar, or a list or tuple of plain values: text that is the same
+    on every rank for the same setting (an object's text may hold its address)."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _SCALARS)
 
 
 def _scalars(obj) -> list:
     return ["%s=%r" % (k, v) for k, v in sorted(vars(obj).items())
-            if not k.startswith("_") and k not in SKIPPED and isinstance(v, _SCALARS)]
+            if not k.startswith("_") and k not in SKIPPED and _plain(v)]
+
+
+def _scheduler(scheduler) -> str:
+    return "%s(%s)" % (type(scheduler).__name__, ", ".join(_scalars(scheduler)))
 
 
 def describe(optimizer, scale: float | None = None, scale_name: str = "trainer scale") -> str:
@@ -55,20 +70,27 @@ def describe(optimizer, scale: float | None = None, scale_name: str = "trainer s
         fields.append("parameter multipliers (index, lr_mult, wd_mult)=%r" % mults)
     scheduler = getattr(optimizer, "lr_scheduler", None)
     if scheduler is not None:
-        fields.append("lr_scheduler=%s(%s)" % (type(scheduler).__name__,
-                                               ", ".join(_scalars(scheduler))))
+        fields.append("lr_scheduler=" + _scheduler(scheduler))
     return ", ".join(fields)
 
 
 def describe_params(name: str, params: dict) -> str:
     """The settings of an optimizer still to be created from `name` and
-    `params` (Module.init_optimizer): the scalar ones, and other values by
-    their type (an object's text may hold its address)."""
+    `params` (Module.init_optimizer): the plain ones, a scheduler by its
+    settings, and other values by their type (an object's text may hold its
+    address)."""
+    from mxnet.lr_scheduler import LRScheduler
+
     fields = [name.lower()]
     for k, v in sorted(params.items()):
-        if k not in SKIPPED:
-            fields.append("%s=%r" % (k, v) if isinstance(v, _SCALARS) else
-                          "%s=%s" % (k, type(v).__name__))
+        if k in SKIPPED:
+            continue
+        if _plain(v):
+            fields.append("%s=%r" % (k, v))
+        elif isinstance(v, LRScheduler):
+            fields.append("%s=%s" % (k, _scheduler(v)))
+        else:
+            fields.append("%s=%s" % (k, type(v).__name__))
     return ", ".join(fields)
 
 

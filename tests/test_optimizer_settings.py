@@ -1,5 +1,6 @@
 """Ranks whose optimizers differ (learning rate, optimizer, momentum, weight
-decay, a parameter's multiplier, a scheduler, the Trainer's rescale_grad,
+decay, a parameter's multiplier, a scheduler or its list of steps, the
+number of parameters one update op takes, the Trainer's rescale_grad,
 set_learning_rate on one rank) would drift apart silently, each updating its
 own weights: every rank raises at the step the difference appears, naming its
 settings, on the Trainer's paths, in the Module API and in mxnet_mpi.horovod;
@@ -11,6 +12,7 @@ from pool import run_sections
 
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
+                "scheduler_steps,aggregate,"
                 "rescale_grad,set_learning_rate,same,module,horovod,horovod_optimizer,set_optimizer,"
                 "stale_gradient,stale_gradient_horovod,ignore_stale,ignore_stale_update,"
                 "ignore_stale_horovod",

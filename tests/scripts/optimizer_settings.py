@@ -76,8 +76,8 @@ def section_set_learning_rate(res: Results) -> None:
 def section_same(res: Results) -> None:
     """Equal settings, not the defaults: a scheduler, a parameter multiplier,
     Adam; trains on, bit-identical (digests compared by the test)."""
-    for name, params in (("sgd", dict(SAME, lr_scheduler=mx.lr_scheduler.FactorScheduler(
-            step=2, factor=0.5))), ("adam", {"learning_rate": 0.01})):
+    for name, params in (("sgd", dict(SAME, lr_scheduler=mx.lr_scheduler.MultiFactorScheduler(
+            step=[2, 4], factor=0.5))), ("adam", {"learning_rate": 0.01})):
         net, x, y = small_net_and_data(RANK)
         net[0].weight.lr_mult = 0.5
         trainer = mx.gluon.Trainer(net.collect_params(), name, params, kvstore="mpi_" + MODE)
@@ -96,12 +96,12 @@ def section_module(res: Results) -> None:
     out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
                                         name="lro")
 
-    def module(lr: float):
+    def module(lr: float, **more):
         mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"])
         mod.bind(data_shapes=[("data", (8, 3))], label_shapes=[("lro_label", (8, 2))])
         mod.init_params(mx.init.Constant(0.1))
         mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="sgd",
-                           optimizer_params={"learning_rate": lr})
+                           optimizer_params=dict(more, learning_rate=lr))
         return mod
     mod = module(0.1)   # equal: no error
     rng = np.random.RandomState(RANK)
@@ -122,6 +122,10 @@ def section_module(res: Results) -> None:
     expect_refusal(res, lambda: more(limit), "Module.update", "lr=0.5" if OTHER else "lr=0.1")
     expect_refusal(res, lambda: module(0.2 if OTHER else 0.1),
                    "Module.init_optimizer", "learning_rate=%r" % (0.2 if OTHER else 0.1))
+    # a scheduler object in optimizer_params, compared by its settings
+    factor_step = 3 if OTHER else 2
+    expect_refusal(res, lambda: module(0.1, lr_scheduler=mx.lr_scheduler.FactorScheduler(
+        step=factor_step, factor=0.5)), "Module.init_optimizer", "step=%d" % factor_step)
 
 
 def section_horovod(res: Results) -> None:
@@ -260,6 +264,17 @@ def hvd_trainer(net, opt=SAME):
     return hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
 
 
+def section_aggregate(res: Results) -> None:
+    """How many parameters one update op takes (MXNET_OPTIMIZER_AGGREGATION_SIZE
+    as the optimizer read it): LAMB's grouped update rounds differently."""
+    net, x, y = small_net_and_data(RANK)
+    opt = mx.optimizer.create("lamb", learning_rate=0.01)
+    opt.aggregate_num = 4 if OTHER else 1
+    trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore="mpi_" + MODE)
+    expect_refusal(res, lambda: gluon_step(net, trainer, x, y), "Trainer.step 1",
+                   "aggregate_num=%d" % opt.aggregate_num)
+
+
 def _mult(net) -> None:
     if OTHER:
         net[1].weight.lr_mult = 2.0
@@ -281,6 +296,13 @@ SECTION_FNS = {
                                          mx.lr_scheduler.FactorScheduler(step=100, factor=0.5)
                                          if OTHER else None},
                                  "FactorScheduler" if OTHER else "lr=0.1"),
+    # a list setting: the rates agree until the first change, which was applied
+    # on the ranks before they were compared
+    "scheduler_steps": trainer_differs(
+        "sgd", {"learning_rate": 0.1, "lr_scheduler": mx.lr_scheduler.MultiFactorScheduler(
+            step=[3, 5] if OTHER else [2, 4], factor=0.5)},
+        "step=%r" % ([3, 5] if OTHER else [2, 4])),
+    "aggregate": section_aggregate,
     "rescale_grad": trainer_differs("sgd", {"learning_rate": 0.1,
                                             "rescale_grad": 0.5 if OTHER else 1.0},
                                     "trainer scale=%r" % (0.5 if OTHER else 1.0)),
