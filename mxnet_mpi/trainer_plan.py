@@ -48,16 +48,24 @@ class TrainerPlan:
              settings: str = "", flags: int = 0) -> bool:
         """Push the allreduce of `params`' gradients (and with `batch_size`, the
         sum of the ranks' batch sizes into self.batch_sizes, compared with the
-        optimizer `settings` and the `flags`); False if they cannot use a plan (several
-        devices, device arrays, sparse): the caller takes the general path.
+        optimizer `settings` and the `flags`); False if they cannot use a plan
+        (device arrays, sparse): the caller takes the general path.
         `context` names the call in messages."""
         live = [(i, params[i]) for i in reversed(range(len(params)))
                 if params[i].grad_req != "null"]
         grads = [p._grad for _, p in live]
-        if not all(g is not None and len(g) == 1 for g in grads):
+        if not all(g for g in grads):
             return False
-        fingerprint = tuple(id(g[0]) for g in grads)
-        if fingerprint != self._fingerprint and not self._build(live, fingerprint):
+        if any(a.stype != "default" or staging.needs_staging(a) for g in grads for a in g):
+            return False
+        # Several devices on this rank: their sum is what the ranks reduce, in
+        # the same plan as a rank with one device (the same collectives on
+        # every rank, whatever its number of devices), copied back after.
+        several = any(len(g) > 1 for g in grads)
+        sums = [self._store._local_sum(i, g) for (i, _), g in zip(live, grads)] if several \
+            else [g[0] for g in grads]
+        fingerprint = tuple(id(a) for a in sums)
+        if fingerprint != self._fingerprint and not self._build(live, sums, fingerprint):
             return False
         if batch_size is None:
             self._store.stream.push_raw(self._array, len(self._calls), context)
@@ -65,15 +73,16 @@ class TrainerPlan:
             self.batch_sizes.fill(batch_size, settings,
                                   context.decode(errors="replace") if context else "", flags)
             self._store.stream.push_raw(self._batch_array, len(self._batch_calls), context)
+        if several:
+            for total, g in zip(sums, grads):
+                if len(g) > 1:
+                    self._store._fan_out(total, g)
         return True
 
-    def _build(self, live: list, fingerprint: tuple) -> bool:
+    def _build(self, live: list, sums: list, fingerprint: tuple) -> bool:
         store = self._store
         arrays = []
-        for i, p in live:
-            g = p._grad[0]
-            if g.stype != "default" or staging.needs_staging(g):
-                return False
+        for (i, _), g in zip(live, sums):
             try:
                 info = store._checked(i, [g], None, "allreduce")
             except MPIKVStoreError:

@@ -15,7 +15,7 @@ from pool import run_pooled
 # run in every mode, the rest once.
 SECTIONS = {
     "chained": "trainer,split,two_devices,module,horovod",
-    "funneled": "trainer,trainer_float64,average,module",
+    "funneled": "trainer,trainer_float64,average,module,uneven_devices,uneven_devices_split",
     "concurrent": "trainer,fp16_compression,module",
 }
 

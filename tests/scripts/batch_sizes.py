@@ -107,15 +107,17 @@ def grads_on(net, rank: int, step: int, dtype: str, shards: int = 1) -> list:
 
 
 
-def reference(dtype: str, *, average: bool = False, shards: int = 1, scale: float = 1.0
+def reference(dtype: str, *, average: bool = False, shards=1, scale: float = 1.0
               ) -> dict:
     """One process: each step, the ranks' gradients on the same weights, summed
-    (divided by the ranks with `average`), and one update with the rule."""
+    (divided by the ranks with `average`), and one update with the rule.
+    `shards`: each rank's number of devices, or a function of the rank."""
     net = mlp(dtype, mx.cpu(), initial(dtype))
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT)
     params = list(_params(net).values())
     for step in range(STEPS):
-        per_rank = [grads_on(net, r, step, dtype, shards) for r in range(SIZE)]
+        per_rank = [grads_on(net, r, step, dtype, shards(r) if callable(shards) else shards)
+                    for r in range(SIZE)]
         for i, p in enumerate(params):
             total = per_rank[0][i]
             for g in per_rank[1:]:
@@ -180,7 +182,7 @@ def section_trainer(res: Results, dtype: str, step_fn=plain_step) -> None:
 
 
 def section_two_devices(res: Results) -> None:
-    """Several devices per rank: the general path (a collective of its own)."""
+    """Several devices per rank: their sum is reduced in the Trainer's plan."""
     ctxs = [mx.cpu(0), mx.cpu(1)]
     net = mlp("float32", ctxs, initial("float32") if RANK == 0 else None)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT, kvstore="mpi_" + MODE)
@@ -188,6 +190,25 @@ def section_two_devices(res: Results) -> None:
     for p in net.collect_params().values():
         res.equal(p.list_data()[1], p.list_data()[0].asnumpy(), "device copies of " + p.name)
     record(res, "two_devices", weights(net), reference("float32", shards=2), initial("float32"))
+
+
+def devices_of(rank: int) -> int:
+    return 2 if rank == 0 else 1
+
+
+def uneven_devices(step_fn):
+    """Two devices on rank 0, one on the others: the same collectives on every
+    rank (a rank with several devices reduces their sum in the same plan)."""
+    def section(res: Results) -> None:
+        ctxs = [mx.cpu(d) for d in range(devices_of(RANK))]
+        net = mlp("float32", ctxs, initial("float32") if RANK == 0 else None)
+        trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT, kvstore="mpi_" + MODE)
+        train(res, net, trainer, "float32", step_fn, shards=len(ctxs))
+        for p in net.collect_params().values():
+            res.equal(p.list_data()[-1], p.list_data()[0].asnumpy(), "device copies of " + p.name)
+        record(res, "uneven_devices_" + step_fn.__name__, weights(net),
+               reference("float32", shards=devices_of), initial("float32"))
+    return section
 
 
 def section_average(res: Results) -> None:
@@ -389,6 +410,8 @@ SECTION_FNS = {
     "trainer_float64": lambda res: section_trainer(res, "float64"),
     "split": lambda res: section_trainer(res, "float32", split_step),
     "two_devices": section_two_devices,
+    "uneven_devices": uneven_devices(plain_step),
+    "uneven_devices_split": uneven_devices(split_step),
     "average": section_average,
     "fp16_compression": section_fp16_compression,
     "horovod": section_horovod,
