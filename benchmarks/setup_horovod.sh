@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac   # relative to the checkout
 PY="$VENV/bin/python"
 [ -x "$PY" ] || { echo "no $PY: run 'make build' first" >&2; exit 1; }
 if "$PY" -c "import horovod.mxnet" 2>/dev/null; then
@@ -21,7 +22,7 @@ fi
 # Build tools. wheel and setuptools stay at the Makefile's pins (already there).
 "$PY" -m pip install -q 'cmake<4' packaging
 # The venv's mpicc/mpicxx/mpirun and cmake must come first on PATH.
-export PATH="$PWD/$VENV/bin:$PATH"
+export PATH="$VENV/bin:$PATH"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 HOROVOD_WITH_MXNET=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
 HOROVOD_WITHOUT_PYTORCH=1 \

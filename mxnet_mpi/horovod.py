@@ -479,10 +479,10 @@ def rocm_built() -> bool:
     return False
 
 
-def split_list(items, n: int) -> list:
-    """`items` in `n` chunks of nearly equal length (the first ones longer)."""
-    d, r = divmod(len(items), n)
-    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+def split_list(l, n: int) -> list:  # noqa: E741  (Horovod's parameter names)
+    """`l` in `n` chunks of nearly equal length (the first ones longer)."""
+    d, r = divmod(len(l), n)
+    return [l[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
 
 
 # ---------------------------------------------------------------- timeline
