@@ -269,6 +269,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         """World rank 0's initial weights into every rank and the servers; deferred
         ones when their shapes are known (first forward)."""
         self.name_keys({idx: p.name for idx, p in enumerate(params)})
+        self.settle_deferred(params)
         keys, vals = [], []
         for idx, param in enumerate(params):
             if param._deferred_init:

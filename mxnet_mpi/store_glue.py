@@ -102,11 +102,45 @@ class FrameworkGlue:
         """The stream over every worker (num_workers) of the store."""
         return self._stream
 
+    def settle_deferred(self, params: Sequence) -> None:
+        """Make each Gluon parameter of `params` initialised on every rank or
+        waiting for deferred initialisation on every rank (collective): one
+        that some ranks initialised already (a forward pass or a load on rank
+        0 only, before the Trainer) takes, on the others, the shape of the
+        lowest rank that has it and is initialised now; the broadcast from
+        rank 0 that follows gives it rank 0's values everywhere. Without this
+        the ranks would broadcast different parameters, now and at their
+        first forward."""
+        waiting = [1 if p._data is None and p._deferred_init else 0 for p in params]
+        ndims = [len(p.shape or ()) for p in params]
+        table = self.rank_table(np.array(waiting + [max(ndims, default=0)], dtype=np.int64),
+                                "Trainer init: parameters waiting for deferred initialisation")
+        flags, rows = table.rows[:, :-1], table.rows
+        mixed = [i for i in range(len(params)) if 0 < flags[:, i].sum() < len(table.ranks)]
+        if not mixed:
+            return
+        width = 1 + int(rows[:, -1].max())     # ndim, then the dimensions
+        row = np.zeros((len(mixed), width), dtype=np.int64)
+        for k, i in enumerate(mixed):
+            if not waiting[i]:
+                shape = params[i].shape
+                row[k, 0], row[k, 1:1 + len(shape)] = len(shape), shape
+        shapes = self.rank_table(row.ravel(), "Trainer init: shapes of parameters initialised "
+                                 "on some ranks only").rows.reshape(len(table.ranks),
+                                                                    len(mixed), width)
+        for k, i in enumerate(mixed):
+            if waiting[i]:
+                source = int(np.flatnonzero(flags[:, i] == 0)[0])
+                n = int(shapes[source, k, 0])
+                params[i].shape = tuple(int(d) for d in shapes[source, k, 1:1 + n])
+                params[i]._finish_deferred_init()
+
     def sync_initial_params(self, params: Sequence) -> None:
         """Broadcast initial values of Gluon `params` from rank 0 now, and of
         deferred-init ones as soon as their shapes are known (first forward),
         so every rank computes its first gradient on the same weights."""
         self.name_keys({idx: p.name for idx, p in enumerate(params)})
+        self.settle_deferred(params)
         keys, values, outs = [], [], []
         for idx, param in enumerate(params):
             if param._deferred_init:

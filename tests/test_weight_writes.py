@@ -2,15 +2,16 @@
 exists (set_data, load_parameters, initialize(force_reinit=True),
 Trainer.load_states) would drift apart silently, each rank updating its own
 copy: every rank raises at the next step, before applying it, naming what
-differs; written alike on every rank, training goes on bit-identical
-(tests/scripts/weight_writes.py)."""
+differs; written alike on every rank, training goes on bit-identical. Written
+on rank 0 only before the Trainer exists (deferred-init parameters included),
+rank 0's weights go to every rank (tests/scripts/weight_writes.py)."""
 
 import pytest
 from pool import run_sections
 
 SECTIONS = {
     "funneled": "set_data,set_data_update,load_parameters,load_states,force_reinit,alike,"
-                "horovod,module",
+                "horovod,module,deferred_before_trainer",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "set_data,alike",
 }
@@ -20,7 +21,8 @@ SECTIONS = {
 def test_rank_local_writes_are_stopped_and_alike_ones_train_on(tmp_path, mode):
     ranks = run_sections("weight_writes.py", 2, mode, tmp_path, SECTIONS[mode])
     assert ranks[0]["digests"] == ranks[1]["digests"]
-    want = {"set_data", "alike"} | ({"set_data_update", "horovod"} if mode == "funneled" else set())
+    want = {"set_data", "alike"} | ({"set_data_update", "horovod", "deferred_forward"}
+                                    if mode == "funneled" else set())
     assert set(ranks[0]["digests"]) == want
 
 

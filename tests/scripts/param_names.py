@@ -97,9 +97,9 @@ def section_init_shape(res: Results) -> None:
     w = net[0].weight
     expect(res, "init_shape", msg, [
         "ranks disagree", "[Trainer init: broadcast of initial weights]",
-        "rank 0 runs #1 'broadcast %s shape=(5, 8) float32' (40 elements) for parameter "
+        "rank 0 runs #2 'broadcast %s shape=(5, 8) float32' (40 elements) for parameter "
         "'init_r0_a_weight'" % keyed(trainer, w),
-        "rank 1 runs #1 'broadcast %s shape=(5, 6) float32' (30 elements) for parameter "
+        "rank 1 runs #2 'broadcast %s shape=(5, 6) float32' (30 elements) for parameter "
         "'init_r1_a_weight'" % keyed(trainer, w)])
 
 

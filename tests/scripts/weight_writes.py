@@ -112,6 +112,45 @@ def section_load_parameters(res: Results) -> None:
                    "the weights of ")
 
 
+def section_deferred_before_trainer(res: Results) -> None:
+    """Deferred initialisation, and before the Trainer exists rank 0 alone
+    loads saved weights (a resume on rank 0 only, as scripts written for
+    Horovod's broadcast_parameters do) or runs a forward pass (a summary):
+    the Trainer gives rank 0's shapes and weights to every rank (the ranks
+    broadcast different parameters and stopped, 'ranks disagree')."""
+    def deferred_net():
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(4, activation="tanh"), mx.gluon.nn.Dense(2))
+        mx.random.seed(10 + RANK)
+        net.initialize(mx.init.Uniform(1.0))
+        return net
+    x = mx.nd.array(np.random.RandomState(RANK).randn(5, 3))
+    y = mx.nd.array(np.random.RandomState(RANK).randn(5, 2))
+    saved = deferred_net()
+    saved(x)
+    for p in saved.collect_params().values():
+        p.set_data(mx.nd.full(p.shape, 0.7))
+    path = os.path.join(OUTDIR, "deferred%d.params" % RANK)
+    saved.save_parameters(path)
+
+    net = deferred_net()
+    if RANK == 0:
+        net.load_parameters(path)
+    trainer = gluon(net)
+    loaded = [p.data().asnumpy() for p in net.collect_params().values()]
+    res.check(len(loaded) == 4 and all((a == np.float32(0.7)).all() for a in loaded),
+              "after the Trainer, rank %d does not hold rank 0's loaded weights" % RANK)
+    step(net, trainer, x, y)
+
+    net = deferred_net()
+    if RANK == 0:
+        net(x)
+    trainer = gluon(net)
+    for _ in range(2):
+        step(net, trainer, x, y)
+    record("deferred_forward", net)
+
+
 def section_load_states(res: Results) -> None:
     """Rank 0 loads optimizer states saved a step earlier (its momentum and
     update count go back): the next step is refused naming the state."""
@@ -219,6 +258,7 @@ SECTION_FNS = {
     "set_data_update": lambda res: section_set_data(res, update_path=True),
     "load_parameters": section_load_parameters,
     "load_states": section_load_states,
+    "deferred_before_trainer": section_deferred_before_trainer,
     "force_reinit": section_force_reinit,
     "alike": section_alike,
     "horovod": section_horovod,
