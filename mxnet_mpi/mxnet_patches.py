@@ -201,6 +201,7 @@ def _patch_trainer() -> None:
         if _store_of(self) is not None:
             _reduction(self, "Trainer.allreduce_grads")
             self._mxmpi_batch = None
+            self._mxmpi_reduced = True
         return orig_public_allreduce(self)
 
     @functools.wraps(orig_public_update)
@@ -211,6 +212,15 @@ def _patch_trainer() -> None:
         if not self._kv_initialized:
             self._init_kvstore()   # as update() does first; rescale_grad is set after
         self._mxmpi_call = "Trainer.update"   # in _update's messages, with allreduce_grads' count
+        if not self._update_on_kvstore and not getattr(self, "_mxmpi_reduced", False):
+            # each rank would apply its own gradients to its own weights: they
+            # drift apart with no error (as with MXNet's dist stores)
+            raise MPIKVStoreError(
+                "mxnet_mpi: Trainer.update without Trainer.allreduce_grads() since the last "
+                "update: each rank would update its weights with its own gradients and the "
+                "ranks would drift apart. Call trainer.allreduce_grads() before "
+                "trainer.update(batch_size), or trainer.step(batch_size), which does both")
+        self._mxmpi_reduced = False
         if not self._update_on_kvstore:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"

@@ -58,9 +58,23 @@ def save_states_without_optimizer(kv):
 
 
 # (name, words the message must contain, call that must raise)
+def update_without_allreduce(kv):
+    """Trainer.update with no allreduce_grads before it: each rank would
+    apply its own gradients (the ranks drifted apart with no error)."""
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize(mx.init.One())
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+    with mx.autograd.record():
+        loss = net(f32((4, 3))).sum()
+    loss.backward()
+    trainer.update(4)
+
+
 CASES = [
     ("dtype_bool", ["dtype bool", "supported dtypes", *SUPPORTED],
      lambda kv: kv.pushpull("bool", mx.nd.array([1, 0], dtype=np.bool_))),
+    ("update_without_allreduce", ["Trainer.update without Trainer.allreduce_grads()",
+                                  "drift apart"], update_without_allreduce),
     ("dtype_bool_out", ["out 0", "dtype bool"],
      lambda kv: kv.pushpull("bool-out", f32((2,)), out=mx.nd.array([1, 0], dtype=np.bool_))),
     ("dtype_bool_broadcast", ["dtype bool"],
