@@ -15,7 +15,7 @@ from pool import run_pooled
 
 import mxnet_mpi
 
-N_KEYS = 300
+N_KEYS = 200
 # Each mode once, on 2 or 3 ranks; the default one with 1 and 2 engine workers.
 RUNS = [("mpi", 2, "1"), ("mpi", 3, "2")]
 RUNS += [("mpi_" + m, 2 + i % 2, "2") for i, m in
