@@ -40,6 +40,8 @@ from .modes import create_stream
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_settings import describe
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
+from .store_calls import legacy_view
+from .store_glue import settle_deferred
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
 from .world import local_rank as _local_rank
@@ -995,10 +997,17 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._sum_batch_sizes(self._batch, "step", stale)
             self._batch = None
         pre = 1.0 / self._gradient_predivide_factor
-        entries = []
+        entries, fan_out = [], []
         for i, param in enumerate(self._params):
             if param.grad_req != "null":
-                grad = param.list_grad()[0]
+                grads = param.list_grad()
+                grad = grads[0]
+                if len(grads) > 1:
+                    # the sum over this rank's devices is what the ranks reduce, then
+                    # every device gets it (Horovod reduces the first device's
+                    # gradient only: the other devices' weights drifted apart)
+                    grad = self._device_sum(i, grads)
+                    fan_out.append((grad, grads))
                 sent, ctx = self._compression.compress(grad)
                 entries.append((i, param, grad, sent, ctx))
         if self._num_groups > 0:
@@ -1014,6 +1023,20 @@ class DistributedTrainer(mx.gluon.Trainer):
         for _, _, grad, sent, ctx in entries:
             if sent is not grad:
                 grad[:] = self._compression.decompress(sent, ctx)
+        for total, grads in fan_out:
+            for g in grads:
+                total.copyto(legacy_view(g))
+
+    def _device_sum(self, index: int, grads: list):
+        """The sum of a parameter's gradients on this rank's devices, in a
+        buffer of its own on the first device (engine ops)."""
+        sums = vars(self).setdefault("_mxmpi_device_sums", {})
+        first = legacy_view(grads[0])
+        buf = sums.get(index)
+        if buf is None or buf.shape != first.shape or buf.context != first.context:
+            buf = sums[index] = mx.nd.empty(first.shape, ctx=first.context, dtype=first.dtype)
+        mx.nd.add_n(*[legacy_view(g).as_in_context(first.context) for g in grads], out=buf)
+        return buf
 
 
 def _broadcast_after_init(param, root_rank: int, name: str, process_set):
@@ -1021,8 +1044,17 @@ def _broadcast_after_init(param, root_rank: int, name: str, process_set):
 
     def wrapped(self, *args, **kwargs):
         init_impl(*args, **kwargs)
-        broadcast_(self.data(), root_rank=root_rank, name=name, process_set=process_set)
+        _broadcast_param(self, root_rank, name, process_set)
     return wrapped
+
+
+def _broadcast_param(param, root_rank: int, name: str, process_set) -> None:
+    """One broadcast of a Gluon parameter, copied to each of its devices (its
+    other devices kept their own values, where Horovod assumes one)."""
+    arrays = param.list_data()
+    broadcast_(arrays[0], root_rank=root_rank, name=name, process_set=process_set)
+    for other in arrays[1:]:
+        legacy_view(arrays[0]).copyto(legacy_view(other))
 
 
 def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None,
@@ -1038,14 +1070,20 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None,
     prefix = prefix or ""
     if not isinstance(params, (dict, mx.gluon.ParameterDict)):
         raise ValueError("invalid params of type: %s" % type(params))
+    # a parameter initialised on some ranks only (rank 0 loaded a checkpoint
+    # before its first forward) is initialised everywhere first: the ranks
+    # then broadcast the same parameters, now
+    stream = _stream_of(process_set, "broadcast_parameters")
+    settle_deferred([p for _, p in sorted(params.items()) if isinstance(p, mx.gluon.Parameter)],
+                    lambda row, desc: rank_table(stream, row, "broadcast_parameters: " + desc))
     for name, p in sorted(params.items()):
         if isinstance(p, mx.gluon.Parameter):
             try:
-                tensor = p.data()
+                p.list_data()
             except mx.gluon.parameter.DeferredInitializationError:
                 p._init_impl = types.MethodType(
                     _broadcast_after_init(p, root_rank, prefix + str(name), process_set), p)
                 continue
+            _broadcast_param(p, root_rank, prefix + str(name), process_set)
         else:
-            tensor = p
-        broadcast_(tensor, root_rank, name=prefix + str(name), process_set=process_set)
+            broadcast_(p, root_rank, name=prefix + str(name), process_set=process_set)

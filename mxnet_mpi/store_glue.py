@@ -34,6 +34,40 @@ def on_deferred_init(param, fn) -> None:
     param._init_impl = hooked
 
 
+def settle_deferred(params: Sequence, table: Callable[[np.ndarray, str], RankTable]) -> None:
+    """Make each Gluon parameter of `params` initialised on every rank or
+    waiting for deferred initialisation on every rank (collective: `table`
+    gives every rank's row): one that some ranks initialised already (a
+    forward pass or a load on rank 0 only, before the Trainer) takes, on the
+    others, the shape of the lowest rank that has it and is initialised now;
+    the broadcast that follows gives it the root's values everywhere. Without
+    this the ranks would broadcast different parameters, now and at their
+    first forward."""
+    waiting = [1 if p._data is None and p._deferred_init else 0 for p in params]
+    ndims = [len(p.shape or ()) for p in params]
+    flags_table = table(np.array(waiting + [max(ndims, default=0)], dtype=np.int64),
+                        "parameters waiting for deferred initialisation")
+    rows = flags_table.rows
+    flags, ranks = rows[:, :-1], len(flags_table.ranks)
+    mixed = [i for i in range(len(params)) if 0 < flags[:, i].sum() < ranks]
+    if not mixed:
+        return
+    width = 1 + int(rows[:, -1].max())     # ndim, then the dimensions
+    row = np.zeros((len(mixed), width), dtype=np.int64)
+    for k, i in enumerate(mixed):
+        if not waiting[i]:
+            shape = params[i].shape
+            row[k, 0], row[k, 1:1 + len(shape)] = len(shape), shape
+    shapes = table(row.ravel(), "shapes of parameters initialised on some ranks only"
+                   ).rows.reshape(ranks, len(mixed), width)
+    for k, i in enumerate(mixed):
+        if waiting[i]:
+            source = int(np.flatnonzero(flags[:, i] == 0)[0])
+            n = int(shapes[source, k, 0])
+            params[i].shape = tuple(int(d) for d in shapes[source, k, 1:1 + n])
+            params[i]._finish_deferred_init()
+
+
 class FrameworkGlue:
     """The Trainer and Module side of MPIKVStore (a part of it: it uses the
     store's calls, plan and stream)."""
@@ -103,37 +137,8 @@ class FrameworkGlue:
         return self._stream
 
     def settle_deferred(self, params: Sequence) -> None:
-        """Make each Gluon parameter of `params` initialised on every rank or
-        waiting for deferred initialisation on every rank (collective): one
-        that some ranks initialised already (a forward pass or a load on rank
-        0 only, before the Trainer) takes, on the others, the shape of the
-        lowest rank that has it and is initialised now; the broadcast from
-        rank 0 that follows gives it rank 0's values everywhere. Without this
-        the ranks would broadcast different parameters, now and at their
-        first forward."""
-        waiting = [1 if p._data is None and p._deferred_init else 0 for p in params]
-        ndims = [len(p.shape or ()) for p in params]
-        table = self.rank_table(np.array(waiting + [max(ndims, default=0)], dtype=np.int64),
-                                "Trainer init: parameters waiting for deferred initialisation")
-        flags, rows = table.rows[:, :-1], table.rows
-        mixed = [i for i in range(len(params)) if 0 < flags[:, i].sum() < len(table.ranks)]
-        if not mixed:
-            return
-        width = 1 + int(rows[:, -1].max())     # ndim, then the dimensions
-        row = np.zeros((len(mixed), width), dtype=np.int64)
-        for k, i in enumerate(mixed):
-            if not waiting[i]:
-                shape = params[i].shape
-                row[k, 0], row[k, 1:1 + len(shape)] = len(shape), shape
-        shapes = self.rank_table(row.ravel(), "Trainer init: shapes of parameters initialised "
-                                 "on some ranks only").rows.reshape(len(table.ranks),
-                                                                    len(mixed), width)
-        for k, i in enumerate(mixed):
-            if waiting[i]:
-                source = int(np.flatnonzero(flags[:, i] == 0)[0])
-                n = int(shapes[source, k, 0])
-                params[i].shape = tuple(int(d) for d in shapes[source, k, 1:1 + n])
-                params[i]._finish_deferred_init()
+        """settle_deferred over every worker of the store (collective)."""
+        settle_deferred(params, lambda row, desc: self.rank_table(row, "Trainer init: " + desc))
 
     def sync_initial_params(self, params: Sequence) -> None:
         """Broadcast initial values of Gluon `params` from rank 0 now, and of

@@ -14,7 +14,7 @@ from pool import run_pooled
 # (the plan: chained orders by push, funneled fuses, concurrent splits by size)
 # run in every mode, the rest once.
 SECTIONS = {
-    "chained": "trainer,split,two_devices,module,horovod",
+    "chained": "trainer,split,two_devices,module,horovod,horovod_uneven_devices",
     "funneled": "trainer,trainer_float64,average,module,uneven_devices,uneven_devices_split",
     "concurrent": "trainer,fp16_compression,module",
 }

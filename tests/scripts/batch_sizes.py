@@ -211,6 +211,24 @@ def uneven_devices(step_fn):
     return section
 
 
+def section_horovod_uneven_devices(res: Results) -> None:
+    """mxnet_mpi.horovod with two devices on rank 0, one on the others:
+    broadcast_parameters fills every device, DistributedTrainer reduces the
+    sum over a rank's devices (Horovod reduces the first device's gradient
+    only, and broadcasts into it only)."""
+    import mxnet_mpi.horovod as hvd
+    hvd.init()
+    ctxs = [mx.cpu(d) for d in range(devices_of(RANK))]
+    net = mlp("float32", ctxs, initial("float32") if RANK == 0 else None)
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", OPT)
+    train(res, net, trainer, "float32", plain_step, shards=len(ctxs), scale=1.0 / SIZE)
+    for p in net.collect_params().values():
+        res.equal(p.list_data()[-1], p.list_data()[0].asnumpy(), "device copies of " + p.name)
+    record(res, "horovod_uneven_devices", weights(net),
+           reference("float32", shards=devices_of, scale=1.0 / SIZE), initial("float32"))
+
+
 def section_average(res: Results) -> None:
     """kv.average (Horovod-style sums): averaged groups cannot carry the sum."""
     kv = mx.kv.create("mpi_" + MODE)
@@ -412,6 +430,7 @@ SECTION_FNS = {
     "two_devices": section_two_devices,
     "uneven_devices": uneven_devices(plain_step),
     "uneven_devices_split": uneven_devices(split_step),
+    "horovod_uneven_devices": section_horovod_uneven_devices,
     "average": section_average,
     "fp16_compression": section_fp16_compression,
     "horovod": section_horovod,

@@ -142,6 +142,17 @@ def section_deferred_before_trainer(res: Results) -> None:
               "after the Trainer, rank %d does not hold rank 0's loaded weights" % RANK)
     step(net, trainer, x, y)
 
+    # the same through mxnet_mpi.horovod.broadcast_parameters
+    import mxnet_mpi.horovod as hvd
+    hvd.init()
+    net = deferred_net()
+    if RANK == 0:
+        net.load_parameters(path)
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    loaded = [p.data().asnumpy() for p in net.collect_params().values()]
+    res.check(len(loaded) == 4 and all((a == np.float32(0.7)).all() for a in loaded),
+              "after broadcast_parameters, rank %d does not hold rank 0's loaded weights" % RANK)
+
     net = deferred_net()
     if RANK == 0:
         net(x)
