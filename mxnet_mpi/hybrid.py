@@ -284,14 +284,15 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
 
     def allreduce_params(self, params, update_on_kvstore: bool, batch_size=None,
                          what: str | None = None, settings: str = "",
-                         flags: int = 0):
+                         flags: int = 0, skip=frozenset()):
         """Trainer's step, in phases that keep every MPI collective of the step
         ahead of the broadcasts waiting on the servers: dense group allreduces
         (last parameter first, as backprop makes them ready) and their pushes,
         then row_sparse gathers and pushes, then pulls and group broadcasts.
         With `batch_size` (local updates: the servers return sums), the batch
         sizes are summed over the world first (the optimizer `settings`
-        compared); returns them."""
+        compared); returns them. `skip`: indices of parameters to leave out
+        (fresh on no rank, ignore_stale_grad=True), the same on every rank."""
         if not update_on_kvstore and self._optimizer is not None:
             # the servers would return updated weights where the Trainer reads sums
             raise MPIKVStoreError("kvstore '%s' already runs an optimizer on its servers "
@@ -303,7 +304,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         agreed = (self.batch_agreement(batch_size, what, settings, flags)
                   if batch_size is not None else None)
         with self.serving(what):
-            self._allreduce_phases(params, update_on_kvstore)
+            self._allreduce_phases(params, update_on_kvstore, skip)
         return agreed
 
     def _check_optimizer_unchanged(self) -> None:
@@ -320,8 +321,8 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                 "(Trainer(..., update_on_kvstore=False) or MXNET_UPDATE_ON_KVSTORE=0)"
                 % (self.type, self._optimizer_sent, now))
 
-    def _allreduce_phases(self, params, update_on_kvstore: bool) -> None:
-        live = [(i, p) for i, p in enumerate(params) if p.grad_req != "null"]
+    def _allreduce_phases(self, params, update_on_kvstore: bool, skip=frozenset()) -> None:
+        live = [(i, p) for i, p in enumerate(params) if p.grad_req != "null" and i not in skip]
         sparse = {i for i, p in live if is_sparse_param(p)}
         if sparse and not update_on_kvstore:
             raise MPIKVStoreError("kvstore '%s' updates row_sparse parameters on the servers "

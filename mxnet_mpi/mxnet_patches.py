@@ -252,7 +252,15 @@ def _patch_trainer() -> None:
             flags = step_flags(stale and not ignore, written(self))
             if ignore:
                 fresh_counts(self, kv)
-        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, flags)
+        skip = frozenset()
+        if uok and getattr(self, "_mxmpi_ignore_stale", False):
+            # the servers update what is pushed: a parameter fresh on no rank
+            # is neither pushed nor pulled on any rank, so it is not updated,
+            # as a step with ignore_stale_grad=True skips it on one process
+            fresh_counts(self, kv)
+            counts = self._mxmpi_fresh.counts()
+            skip = frozenset(i for i, c in enumerate(counts) if c == 0)
+        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, flags, skip=skip)
         if agreed is not None:
             self._mxmpi_agreed = agreed
 
@@ -271,7 +279,17 @@ def _patch_trainer() -> None:
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
             if ignore_stale_grad and getattr(self, "_mxmpi_fresh", None) is not None:
                 self._mxmpi_fresh.apply(self._params)   # the same parameters on every rank
-        return orig_update(self, ignore_stale_grad)
+        result = orig_update(self, ignore_stale_grad)
+        if self._update_on_kvstore and isinstance(self._kvstore, MPIKVStore):
+            # MXNet marks a gradient used only where it updates on the rank:
+            # with the servers updating, every gradient stayed fresh, and one
+            # that backward did not write again was pushed again (the last
+            # step's values in the next sum) where it should add nothing
+            for p in self._params:
+                if p._data is not None and p.grad_req != "null":
+                    for arr in p._data:
+                        arr._fresh_grad = False
+        return result
 
     orig_sparse_create = trainer_mod._create_sparse_kvstore
 

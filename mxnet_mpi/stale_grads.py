@@ -95,6 +95,11 @@ class FreshCounts:
         allreduce(self._array)
         self._pending = True
 
+    def counts(self) -> np.ndarray:
+        """The summed counts, once pushed (waits for them; apply then does nothing)."""
+        self._pending = False
+        return self._array.asnumpy()
+
     def apply(self, params) -> None:
         """Before MXNet's update with ignore_stale_grad=True: mark each
         parameter's gradients fresh where any rank's was, stale where none

@@ -167,7 +167,7 @@ class FrameworkGlue:
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
                          what: str | None = None, settings: str = "",
-                         flags: int = 0) -> BatchSizes | None:
+                         flags: int = 0, skip=frozenset()) -> BatchSizes | None:
         """Trainer's gradient reduction, issued last parameter first: backprop
         makes gradients ready from the output layer back, so collectives follow
         readiness instead of waiting for the input layer. Built once, then one
@@ -176,7 +176,8 @@ class FrameworkGlue:
         With `batch_size`, the batch sizes are summed too (on the first
         collective that can carry them, or one of their own pushed first):
         returns them, for the rule's mean, with the ranks' optimizer `settings`
-        compared. `what` names the call in messages."""
+        compared. `what` names the call in messages. `skip`: indices left out
+        where the servers update (update_on_kvstore; the hybrid stores)."""
         self._usable()
         self._reductions += 1
         context = what.encode() if what else None

@@ -52,3 +52,22 @@ def test_hybrid_local_updates_compare_over_the_world():
     assert heads.pop().endswith("used moved True unused still True")
     reopen = [ln for ln in out.splitlines() if "REOPEN " in ln]
     assert len(reopen) == 2 and all("keep one hybrid store open" in ln for ln in reopen), reopen
+
+
+def test_hybrid_servers_skip_parameters_no_rank_used():
+    """dist_sync_mpi with the servers updating (its default), ignore_stale_grad=True
+    and heads per rank: a stale gradient adds nothing and a parameter fresh on no
+    rank is neither pushed nor updated (MXNet pushed every gradient buffer, the
+    last step's values included, and the servers applied momentum and weight
+    decay to unused parameters): equal to one process (tests/scripts/hybrid_stale.py)."""
+    import sys
+
+    from launching import run as launch
+    from mpirun import SCRIPTS
+
+    out = launch(2, 2, 1, [sys.executable, str(SCRIPTS / "hybrid_stale.py")], timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if "STALE_UOK" in ln]
+    assert len(lines) == 2, out[-3000:]
+    for ln in lines:
+        assert float(ln.split("maxdiff ")[1].split()[0]) <= 1e-7 and ln.endswith("moved True"), ln
+
