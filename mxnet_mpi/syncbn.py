@@ -246,6 +246,15 @@ class SyncBatchNorm(HybridBlock):
         return y
 
     def _make_sums(self, devices: list) -> tuple:
+        # Creating the channels is a collective of MPI's that no stall check
+        # watches: a rank that never trains this layer (inference on one rank
+        # only) left the others blocked there without a word. A collective on
+        # the free functions' store first: a rank missing from it is named
+        # (its program ended, or it waits elsewhere) and the job ends.
+        ready = mx.nd.zeros((1,))
+        ops.allreduce_(ready, name="%s: first training forward (every rank trains it, in "
+                       "autograd.record())" % self._label)
+        ready.wait_to_read()
         forward = _forward()
         backward = _Channel(self._label + " backward")
         names = ("%s forward statistics" % self._label, "%s backward sums" % self._label)

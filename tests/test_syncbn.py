@@ -5,6 +5,7 @@ running statistics and inference outputs. Devices that skip the layer, and
 several CPU contexts without enough temp spaces, end in errors naming why."""
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -78,6 +79,21 @@ def test_a_device_skipping_the_backward_aborts_naming_the_layer(np_):
     assert re.search(r"'SyncBatchNorm \d+ backward sums \(round 0\): not every device of this "
                      r"rank has run it yet' has waited \d+ s, more than MXNET_MPI_STALL_ABORT_S",
                      out), out[-3000:]
+
+
+def test_training_on_one_rank_only_is_named_at_once():
+    """Rank 0 trains the layer, rank 1 runs it in inference and ends: rank 0
+    names the layer's first training forward and the rank that finished, and
+    the job ends at once, not after the stall abort."""
+    t0 = time.time()
+    proc = run_mpi("syncbn_inference.py", 2, timeout=60, check=False,
+                   env={"MXNET_MPI_STALL_WARN_S": "30", "MXNET_MPI_STALL_ABORT_S": "600"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert re.search(r"rank 1 finished its program .* this rank waits on .*SyncBatchNorm \d+: "
+                     r"first training forward \(every rank trains it, in autograd.record\(\)\)",
+                     out), out[-3000:]
+    assert time.time() - t0 < 30
 
 
 def test_hybridize_is_refused():
