@@ -81,8 +81,11 @@ def _reducer(name: str, channel: _Channel):
     def reduce(arr, _device, round_id=None) -> tuple:
         if round_id is None:
             round_id = next(rounds)
-        ops.allreduce_(arr, name="%s (round %d)" % (name, round_id), store=channel)
-        return arr, round_id
+        # float64 on the wire, as a rank with several devices sums its parts
+        # (device_meeting): ranks with one and with several devices meet
+        wide = arr.astype("float64", copy=False)
+        ops.allreduce_(wide, name="%s (round %d)" % (name, round_id), store=channel)
+        return (wide if wide is arr else wide.astype(arr.dtype)), round_id
     return reduce
 
 

@@ -5,6 +5,7 @@ process on the global batch: every parameter's gradient of the first step
 
   mpirun -np N python syncbn_net.py OUT_DIR [--devices D [--sequential]]
                           rank r: batch of 3 + 2 r images, split unevenly over D CPU devices
+                          (D a list "2,1": rank r's count is its r-th item)
                           (--sequential: one backward() per device, else one for all)
   python syncbn_net.py OUT_DIR --reference N    one process, BatchNorm, global batch
 """
@@ -20,7 +21,9 @@ import mxnet_mpi
 
 out_dir = sys.argv[1]
 ref = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--reference" else 0
-devices = int(sys.argv[sys.argv.index("--devices") + 1]) if "--devices" in sys.argv else 1
+devices = sys.argv[sys.argv.index("--devices") + 1] if "--devices" in sys.argv else "1"
+# "2,1": this rank's count from a list by rank (ranks with different numbers of devices)
+devices = int(devices.split(",")[0 if ref else mxnet_mpi.rank()] if "," in devices else devices)
 sequential = "--sequential" in sys.argv
 ctx = [mx.cpu(i) for i in range(devices)]
 STEPS = 3
