@@ -31,7 +31,7 @@ from collections import OrderedDict
 import mxnet as mx
 import numpy as np
 
-from . import ops, timeline
+from . import joining, ops, timeline
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import allreduce_in_place, check_array, rank_table, stream_for
 from .consistency import check_trainer_after_writes
@@ -920,6 +920,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         elif isinstance(params, (list, tuple)):
             params = sorted(params, key=lambda p: p.name)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+        joining.note_outside(self)   # join() with no argument says it cannot cover it
         self._scale *= gradient_predivide_factor / self._process_set.size()
         self._gradient_predivide_factor = gradient_predivide_factor
         if prefix is not None and not isinstance(prefix, str):

@@ -12,6 +12,7 @@ on the store, and whatever params/updater the caller gives.
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 
 import mxnet as mx
@@ -143,6 +144,16 @@ def broadcast_states(store, root: int, updater) -> None:
 def join_store(store, params=None, updater=None) -> int:
     """See MPIKVStore.join."""
     issued = store.stream.info()[0]
+    if store.stream.comm.rank == 0 and any(
+            p._data is None and p._deferred_init for t in attached(store) for p in t._params):
+        # the others' first forward broadcasts these from rank 0, which a
+        # joined rank cannot source: their error names only the joined root
+        warnings.warn("mxnet_mpi: rank 0 joins before its first forward pass, with parameters "
+                      "still waiting for deferred initialisation; the other ranks take their "
+                      "initial values from rank 0 at their first forward, which then fails. "
+                      "Give the layers their input sizes (e.g. Dense(..., in_units=...)) or "
+                      "run one forward pass on every rank before training", RuntimeWarning,
+                      stacklevel=4)
     store.stream.join()
     counts = issued_per_rank(store, issued)
     root = int(np.argmax(counts))  # the latest state; the lowest such rank
@@ -163,6 +174,7 @@ def join_store(store, params=None, updater=None) -> int:
 
 _stores: weakref.WeakSet = weakref.WeakSet()
 _trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # store -> [weakref]
+_outside: weakref.WeakSet = weakref.WeakSet()   # trainers that reduce outside any store
 
 
 def attach(store, trainer) -> None:
@@ -177,6 +189,12 @@ def attached(store) -> list:
     """The live Trainers created on `store`, in the order they were created
     (the same on every rank)."""
     return [t for t in (r() for r in _trainers.get(store, [])) if t is not None]
+
+
+def note_outside(trainer) -> None:
+    """Remember a trainer that reduces outside any store (mxnet_mpi.horovod's
+    DistributedTrainer): join() with no argument cannot cover it and says so."""
+    _outside.add(trainer)
 
 
 def register(store) -> None:
@@ -218,6 +236,11 @@ def join(target=None) -> int:
     if target is not None:
         return target.join()
     stores = [s for s in open_stores() if s.supports_join]
+    if not stores and len(_outside):
+        # nothing to join here, and the peers still stepping such a trainer
+        # will wait for this rank (their error then asks for join())
+        warnings.warn("mxnet_mpi.join(): no mxnet_mpi store is open on this rank, so there "
+                      "is nothing to join" + _HOROVOD_JOIN, RuntimeWarning, stacklevel=2)
     if len(stores) == 1:
         return stores[0].join()
     # Several stores: join them at once, or a peer still using one would wait

@@ -51,6 +51,17 @@ def test_finished_rank_is_named_at_once_without_join(mode):
     assert took < 45, took  # not the 60 s stall warning, nor the 600 s abort
 
 
+def test_root_without_a_batch_and_deferred_parameters_is_told_why():
+    """Rank 0 has no batch and the layer's input size comes from the first
+    forward: the other ranks cannot take its initial weights from rank 0 once
+    it joined. Rank 0 says why and how to avoid it (the others' error named
+    only the joined root)."""
+    proc = run_mpi("uneven.py", 2, "funneled", "join_zero_root", timeout=60, check=False)
+    assert proc.returncode != 0
+    assert "rank 0 joins before its first forward pass" in proc.stderr, proc.stderr[-3000:]
+    assert "in_units" in proc.stderr
+
+
 @pytest.mark.parametrize("mode", ["funneled"])   # join per mode: the test above
 def test_module_fit_with_uneven_shards_finishes_in_sync(mode):
     """MXNet's fit.py case: shards of 2, 5, 8 batches. Module.fit with our store

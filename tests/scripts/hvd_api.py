@@ -358,6 +358,13 @@ def sec_trainers(res: Results) -> None:
     expect_error(res, lambda: hvd.DistributedTrainer([p], "sgd",
                                                      process_set=hvd.ProcessSet([0])),
                  ValueError, "not registered", "trainer on an unregistered set")
+    # mxnet_mpi.join() cannot cover a DistributedTrainer (no store is open
+    # here): it says so, where it returned without a word
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mxnet_mpi.join()
+    res.check(any("nothing to join" in str(w.message) and "DistributedTrainer" in str(w.message)
+                  for w in caught), "join() with a DistributedTrainer: %s" % caught)
 
 
 def sec_timeline(res: Results) -> None:

@@ -16,6 +16,10 @@ join_zero, join_zero_all
           as join and join_all, but rank 1 has no batch at all (its Trainer
           never stepped); with join_zero_all the layer's input size is
           inferred at the first forward, which rank 1 never runs
+join_zero_root
+          as join_zero_all with rank 0 the one with no batch: the others
+          take the deferred weights from rank 0 at their first forward, which
+          cannot be done once it joined (rank 0 warns why; the job fails)
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ import mxnet_mpi
 
 mode, scenario = sys.argv[1], sys.argv[2]
 RANK, SIZE = mxnet_mpi.rank(), mxnet_mpi.size()
-STEPS = [0 if r == 1 and scenario.startswith("join_zero") else 2 + 3 * r for r in range(SIZE)]
-DEFERRED = scenario == "join_zero_all"
+ZERO = 0 if scenario == "join_zero_root" else 1   # the rank with no batch at all
+STEPS = [0 if r == ZERO and scenario.startswith("join_zero") else 2 + 3 * r for r in range(SIZE)]
+DEFERRED = scenario in ("join_zero_all", "join_zero_root")
 BATCH = 4
 
 
