@@ -253,10 +253,12 @@ def _patch_trainer() -> None:
             if ignore:
                 fresh_counts(self, kv)
         skip = frozenset()
-        if uok and getattr(self, "_mxmpi_ignore_stale", False):
+        if uok and getattr(self, "_mxmpi_ignore_stale", False) and "async" not in kv.type:
             # the servers update what is pushed: a parameter fresh on no rank
             # is neither pushed nor pulled on any rank, so it is not updated,
             # as a step with ignore_stale_grad=True skips it on one process
+            # (synchronous stores: asynchronous groups step apart, and each
+            # server update takes one group's push as it comes)
             fresh_counts(self, kv)
             counts = self._mxmpi_fresh.counts()
             skip = frozenset(i for i, c in enumerate(counts) if c == 0)
