@@ -188,6 +188,11 @@ def _patch_trainer() -> None:
     def step(self, batch_size, ignore_stale_grad=False):
         if _store_of(self) is None:
             return orig_step(self, batch_size, ignore_stale_grad)
+        if batch_size == 0:   # MXNet divides by it: ZeroDivisionError, naming nothing
+            raise MPIKVStoreError(
+                "mxnet_mpi: Trainer.step(0): a rank with no data this step calls "
+                "mxnet_mpi.join(trainer) (or kv.join()) once its data has run out, and takes "
+                "part in the other ranks' steps from there (docs/faults.md, 'Uneven data')")
         _reduction(self, "Trainer.step")
         self._mxmpi_batch = batch_size
         self._mxmpi_ignore_stale = ignore_stale_grad

@@ -58,11 +58,16 @@ def save_states_without_optimizer(kv):
 
 
 # (name, words the message must contain, call that must raise)
+def _dense():
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize(mx.init.One())
+    return net
+
+
 def update_without_allreduce(kv):
     """Trainer.update with no allreduce_grads before it: each rank would
     apply its own gradients (the ranks drifted apart with no error)."""
-    net = mx.gluon.nn.Dense(2, in_units=3)
-    net.initialize(mx.init.One())
+    net = _dense()
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
     with mx.autograd.record():
         loss = net(f32((4, 3))).sum()
@@ -75,6 +80,8 @@ CASES = [
      lambda kv: kv.pushpull("bool", mx.nd.array([1, 0], dtype=np.bool_))),
     ("update_without_allreduce", ["Trainer.update without Trainer.allreduce_grads()",
                                   "drift apart"], update_without_allreduce),
+    ("step_of_zero_samples", ["Trainer.step(0)", "mxnet_mpi.join(trainer)"],
+     lambda kv: mx.gluon.Trainer(_dense().collect_params(), "sgd", kvstore=kv).step(0)),
     ("dtype_bool_out", ["out 0", "dtype bool"],
      lambda kv: kv.pushpull("bool-out", f32((2,)), out=mx.nd.array([1, 0], dtype=np.bool_))),
     ("dtype_bool_broadcast", ["dtype bool"],
