@@ -40,7 +40,7 @@ from .modes import create_stream
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_settings import describe
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
-from .store_calls import legacy_view
+from .store_calls import fan_out, sum_over_devices
 from .store_glue import settle_deferred
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
@@ -933,6 +933,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._steps = 0
         self._ignore_stale = False  # step()'s or update()'s ignore_stale_grad
         self._fresh = FreshCounts()  # with ignore_stale_grad (stale_grads.py)
+        self._device_sums: dict = {}  # per parameter: the sum over this rank's devices
 
     def _sum_batch_sizes(self, batch_size, call: str, stale: bool) -> None:
         # A collective of its own, pushed before the gradients: the free
@@ -998,7 +999,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._sum_batch_sizes(self._batch, "step", stale)
             self._batch = None
         pre = 1.0 / self._gradient_predivide_factor
-        entries, fan_out = [], []
+        entries, spread = [], []
         for i, param in enumerate(self._params):
             if param.grad_req != "null":
                 grads = param.list_grad()
@@ -1007,8 +1008,8 @@ class DistributedTrainer(mx.gluon.Trainer):
                     # the sum over this rank's devices is what the ranks reduce, then
                     # every device gets it (Horovod reduces the first device's
                     # gradient only: the other devices' weights drifted apart)
-                    grad = self._device_sum(i, grads)
-                    fan_out.append((grad, grads))
+                    grad = sum_over_devices(self._device_sums, i, grads)
+                    spread.append((grad, grads))
                 sent, ctx = self._compression.compress(grad)
                 entries.append((i, param, grad, sent, ctx))
         if self._num_groups > 0:
@@ -1024,20 +1025,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         for _, _, grad, sent, ctx in entries:
             if sent is not grad:
                 grad[:] = self._compression.decompress(sent, ctx)
-        for total, grads in fan_out:
-            for g in grads:
-                total.copyto(legacy_view(g))
-
-    def _device_sum(self, index: int, grads: list):
-        """The sum of a parameter's gradients on this rank's devices, in a
-        buffer of its own on the first device (engine ops)."""
-        sums = vars(self).setdefault("_mxmpi_device_sums", {})
-        first = legacy_view(grads[0])
-        buf = sums.get(index)
-        if buf is None or buf.shape != first.shape or buf.context != first.context:
-            buf = sums[index] = mx.nd.empty(first.shape, ctx=first.context, dtype=first.dtype)
-        mx.nd.add_n(*[legacy_view(g).as_in_context(first.context) for g in grads], out=buf)
-        return buf
+        for total, grads in spread:
+            fan_out(total, grads)
 
 
 def _broadcast_after_init(param, root_rank: int, name: str, process_set):
@@ -1054,8 +1043,7 @@ def _broadcast_param(param, root_rank: int, name: str, process_set) -> None:
     other devices kept their own values, where Horovod assumes one)."""
     arrays = param.list_data()
     broadcast_(arrays[0], root_rank=root_rank, name=name, process_set=process_set)
-    for other in arrays[1:]:
-        legacy_view(arrays[0]).copyto(legacy_view(other))
+    fan_out(arrays[0], arrays[1:])
 
 
 def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None,

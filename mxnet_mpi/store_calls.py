@@ -27,6 +27,30 @@ def legacy_view(arr):
     return legacy.reshape((legacy.size,)) if legacy.ndim == 0 else legacy
 
 
+def sum_over_devices(buffers: dict, key, values: list):
+    """One array holding the sum of `values`, one array per device of this
+    rank (engine ops): `values[0]` itself where there is one, else
+    `buffers[key]`, a buffer on the first one's device kept for the next call."""
+    if len(values) == 1 or values[0].size == 0:
+        return values[0]
+    first = values[0]
+    buf = buffers.get(key)
+    if buf is None or buf.context != first.context or buf.shape != first.shape:
+        buf = buffers[key] = mx.nd.empty(first.shape, ctx=first.context, dtype=first.dtype)
+    legacy = [legacy_view(v).as_in_context(first.context) for v in values]
+    mx.nd.add_n(*legacy, out=legacy_view(buf))
+    return buf
+
+
+def fan_out(src, outs: list) -> None:
+    """Copy `src` into each of `outs` but itself (engine ops)."""
+    if src.size == 0:  # nothing to copy; legacy MXNet rejects empty copies
+        return
+    for o in outs:
+        if o is not src:
+            legacy_view(src).copyto(legacy_view(o))
+
+
 class _Item:
     """One key of a call: engine ops before the collective(s), the collective(s)
     (several for a staged array split in chunks), engine ops after them
@@ -68,24 +92,9 @@ class StoreCalls:
 
     def _local_sum(self, key: Key, values: list):
         """One array holding the sum over this rank's devices (engine ops)."""
-        if len(values) == 1 or values[0].size == 0:
-            return values[0]
-        first = values[0]
-        buf = self._merge.get(key)
-        if buf is None or buf.context != first.context:
-            buf = self._merge[key] = mx.nd.empty(first.shape, ctx=first.context,
-                                                 dtype=first.dtype)
-        legacy = [legacy_view(v).as_in_context(first.context) for v in values]
-        mx.nd.add_n(*legacy, out=legacy_view(buf))
-        return buf
+        return sum_over_devices(self._merge, key, values)
 
-    @staticmethod
-    def _fan_out(src, outs: list) -> None:
-        if src.size == 0:  # nothing to copy; legacy MXNet rejects empty copies
-            return
-        for o in outs:
-            if o is not src:
-                legacy_view(src).copyto(legacy_view(o))
+    _fan_out = staticmethod(fan_out)
 
     def _item(self, op: int, verb: str, key: Key, src, dst, targets: list, priority: int,
               flags: int = 0, root: int = 0) -> _Item:
