@@ -156,6 +156,7 @@ class SettingsComparison:
         self.period = period
         self._window: int | None = None
         self._pending: BatchSizes | None = None
+        self._pending_flags = 0   # this rank's flags in the pending comparison
 
     def restart(self, count: int) -> None:
         """Count afresh from `count` (after a join, where call counts differ)."""
@@ -180,6 +181,28 @@ class SettingsComparison:
                 after_writes(previous.written_ranks)
         flags = WRITTEN if written is not None and written() else 0
         self._pending = (previous or BatchSizes()).push(stream, 0, context, settings(), flags)
+        self._pending_flags = flags
+
+    def settle(self, stream, context: bytes | None, settings, written=None,
+               after_writes=None) -> None:
+        """Compare now and wait for it (collective, at a point every rank
+        reaches alike, e.g. after a join), raising or calling `after_writes`
+        as tick's reads do. The pending comparison is read here too, but
+        after a join each rank's pending one may be another collective (a
+        rank that joined early ticked fewer times): what it says about
+        writes is not acted on alike, so each rank carries its own flag of
+        it into the new comparison instead."""
+        previous, self._pending = self._pending, None
+        flags = 0
+        if previous is not None:
+            previous.total()   # raises if the ranks' settings differed
+            flags = self._pending_flags
+        if written is not None and written():
+            flags |= WRITTEN
+        now = (previous or BatchSizes()).push(stream, 0, context, settings(), flags)
+        now.total()
+        if now.written_ranks and after_writes is not None:
+            after_writes(now.written_ranks)
 
 
 def step_flags(refused_stale: bool, written: bool) -> int:

@@ -342,11 +342,12 @@ MODULE_FIX = ("write them before init_optimizer (it copies rank 0's weights to e
               "then)")
 
 
-def _module_checks(module, kv, what: str) -> None:
+def _module_checks(module, kv, what: str, now: bool = False) -> None:
     """Before a Module's update: compare the ranks' optimizer settings
     (Module's rescale_grad included: agreed once, in init_optimizer) and,
     after writes on any rank, their weights and states; never waiting (each
-    comparison is read a few updates later: store_glue.settings_check)."""
+    comparison is read a few updates later: store_glue.settings_check). With
+    `now`, compare at once and wait (the end of Module.fit's epoch)."""
     updater = getattr(module, "_updater", None)
     optimizer = getattr(updater, "optimizer", None)
     if optimizer is None:
@@ -365,8 +366,9 @@ def _module_checks(module, kv, what: str) -> None:
                            lambda row: kv.rank_table(row, WRITES_DESC), what, writers,
                            MODULE_OUTCOME, MODULE_FIX, set(range(len(weights))) if whole
                            else set(), whole)
-    kv.settings_check(lambda: describe(optimizer, optimizer.rescale_grad),
-                      lambda: watch is not None and watch.written(module, ()), after_writes)
+    check = kv.settings_settle if now else kv.settings_check
+    check(lambda: describe(optimizer, optimizer.rescale_grad),
+          lambda: watch is not None and watch.written(module, ()), after_writes)
 
 
 def _patch_module() -> None:
@@ -500,6 +502,10 @@ class _JoiningIter:
                 params = dict(zip(group.param_names, group.param_arrays))
                 params.update(zip(group.aux_names, group.aux_arrays))
                 kv.join(params=params, updater=getattr(self._module, "_updater", None))
+                # every rank is here now: a write on some ranks (set_params,
+                # load_optimizer_states on rank 0 only) is named before the
+                # epoch's checkpoint, not only at the next periodic comparison
+                _module_checks(self._module, kv, "Module.fit: end of epoch", now=True)
             raise
 
     def __getattr__(self, name):

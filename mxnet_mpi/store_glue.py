@@ -126,6 +126,14 @@ class FrameworkGlue:
         self._settings.tick(stream.info()[0], stream, self._context, settings, written,
                             after_writes)
 
+    def settings_settle(self, settings: Callable[[], str], written=None,
+                        after_writes=None) -> None:
+        """settings_check's comparison now, waited for (collective, where every
+        rank is alike: the end of Module.fit's epoch, after its join)."""
+        self._usable()
+        self._settings.settle(self._workers_stream(), self._context, settings, written,
+                              after_writes)
+
     def rank_table(self, row: np.ndarray, desc: str) -> RankTable:
         """[workers x len(row)] table of every worker's int64 `row` (collective
         over every worker of the store; `desc` is what they agree on)."""

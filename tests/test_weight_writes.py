@@ -11,7 +11,7 @@ from pool import run_sections
 
 SECTIONS = {
     "funneled": "set_data,set_data_update,load_parameters,load_states,force_reinit,alike,"
-                "horovod,module,deferred_before_trainer",
+                "horovod,module,deferred_before_trainer,module_fit",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "set_data,alike",
 }

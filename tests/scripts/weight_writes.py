@@ -264,6 +264,29 @@ def section_module(res: Results) -> None:
     expect_refusal(res, lambda: updates(2 * period), "Module.update", "the weights of 'fc_")
 
 
+def section_module_fit(res: Results) -> None:
+    """Module.fit, rank 1 calls set_params in a batch callback: named at the
+    end of the epoch, before its checkpoint (the periodic comparison comes
+    every 64/n updates: this 2-parameter model trains 3 updates, and the run
+    ended with the ranks apart, exit 0)."""
+    data = mx.sym.Variable("data")
+    out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fcw"),
+                                        name="lro")
+    mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"])
+    rng = np.random.RandomState(RANK)
+    it = mx.io.NDArrayIter(rng.randn(24, 3), rng.randn(24, 2), batch_size=8,
+                           label_name="lro_label")
+
+    def callback(param) -> None:
+        if RANK == 1 and param.nbatch == 0:
+            arg, aux = mod.get_params()
+            mod.set_params({k: v + 1.0 for k, v in arg.items()}, aux)
+    expect_refusal(res, lambda: mod.fit(
+        it, num_epoch=1, kvstore="mpi_" + MODE, optimizer="sgd",
+        optimizer_params={"learning_rate": 0.1}, initializer=mx.init.Constant(0.1),
+        batch_end_callback=callback), "Module.fit: end of epoch", "the weights of 'fcw_")
+
+
 SECTION_FNS = {
     "set_data": section_set_data,
     "set_data_update": lambda res: section_set_data(res, update_path=True),
@@ -274,6 +297,7 @@ SECTION_FNS = {
     "alike": section_alike,
     "horovod": section_horovod,
     "module": section_module,
+    "module_fit": section_module_fit,
 }
 
 res = Results(OUTDIR, RANK)
