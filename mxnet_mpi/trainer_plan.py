@@ -56,7 +56,10 @@ class TrainerPlan:
         grads = [p._grad for _, p in live]
         if not all(g for g in grads):
             return False
-        if any(a.stype != "default" or staging.needs_staging(a) for g in grads for a in g):
+        fingerprint = tuple(id(a) for g in grads for a in g)
+        rebuild = fingerprint != self._fingerprint
+        if rebuild and any(a.stype != "default" or staging.needs_staging(a)
+                           for g in grads for a in g):
             return False
         # Several devices on this rank: their sum is what the ranks reduce, in
         # the same plan as a rank with one device (the same collectives on
@@ -64,8 +67,7 @@ class TrainerPlan:
         several = any(len(g) > 1 for g in grads)
         sums = [self._store._local_sum(i, g) for (i, _), g in zip(live, grads)] if several \
             else [g[0] for g in grads]
-        fingerprint = tuple(id(a) for a in sums)
-        if fingerprint != self._fingerprint and not self._build(live, sums, fingerprint):
+        if rebuild and not self._build(live, sums, fingerprint):
             return False
         if batch_size is None:
             self._store.stream.push_raw(self._array, len(self._calls), context)
