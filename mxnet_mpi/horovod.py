@@ -35,13 +35,13 @@ from . import joining, ops, timeline
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import allreduce_in_place, check_array, rank_table, stream_for
 from .consistency import check_trainer_after_writes
+from .deferred import settle_deferred
 from .errors import MPIKVStoreError
 from .modes import create_stream
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_settings import describe
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
 from .store_calls import fan_out, sum_over_devices
-from .store_glue import settle_deferred
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
 from .world import init as _init_world
 from .world import local_rank as _local_rank

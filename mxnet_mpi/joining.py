@@ -19,6 +19,7 @@ import mxnet as mx
 import numpy as np
 
 from . import _native
+from .deferred import settle_deferred
 from .errors import MPIKVStoreError
 
 
@@ -45,28 +46,13 @@ def _items(params) -> list:
     return [(p.name, p) for p in params]
 
 
-def finish_deferred(store, root: int, params) -> None:
+def finish_deferred(store, params) -> None:
     """A rank that ran no forward pass (no batch at all) holds Gluon parameters
-    still waiting for deferred initialisation: they take rank `root`'s shapes
-    (one broadcast of every parameter's shape) and are initialised, so that
-    every rank then copies the same parameters."""
-    gluon = [p for _, p in _items(params) if isinstance(p, mx.gluon.Parameter)]
-    flat = [d for p in gluon for d in (p.shape or ())]
-    if not flat:
-        return
-    shapes = mx.nd.array(np.array(flat, dtype=np.int64), dtype="int64")
-    _internal(store, _native.BROADCAST, shapes, "join: parameter shapes", root=root)
-    flat, at = shapes.asnumpy().tolist(), 0
-    for p in gluon:
-        n = len(p.shape or ())
-        if p._data is None and p._deferred_init:
-            p.shape = tuple(int(d) for d in flat[at:at + n])
-            # without the store's hook (store_glue.on_deferred_init): the other
-            # ranks broadcast their initial weights at their first forward long
-            # ago; the copy that follows brings the latest ones
-            vars(p).pop("_init_impl", None)
-            p._finish_deferred_init()
-        at += n
+    still waiting for deferred initialisation: they take the shapes of a rank
+    that has them (store_glue.settle_deferred, collective) and are
+    initialised, so that every rank then copies the same parameters."""
+    settle_deferred([p for _, p in _items(params) if isinstance(p, mx.gluon.Parameter)],
+                    lambda row, desc: store.rank_table(row, "join: " + desc))
 
 
 def _param_arrays(params) -> list:
@@ -160,11 +146,11 @@ def join_store(store, params=None, updater=None) -> int:
     if counts.min() != counts.max():  # some rank skipped updates: copy the latest
         for trainer in attached(store):
             if trainer is not updater:
-                finish_deferred(store, root, trainer._params)
+                finish_deferred(store, trainer._params)
                 broadcast_from(store, root, trainer._params, "join: Trainer")
                 broadcast_states(store, root, trainer)
         if params is not None:
-            finish_deferred(store, root, params)
+            finish_deferred(store, params)
             broadcast_from(store, root, params)
         if updater is not None:
             broadcast_states(store, root, updater)

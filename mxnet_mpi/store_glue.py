@@ -14,6 +14,7 @@ import numpy as np
 
 from .batch_sizes import BatchSizes
 from .collectives import RankTable, rank_table
+from .deferred import settle_deferred
 from .keys import Key
 
 #: At most one comparison of the ranks' optimizer settings per this many
@@ -32,40 +33,6 @@ def on_deferred_init(param, fn) -> None:
         fn(param._check_and_get(param._data, list))
 
     param._init_impl = hooked
-
-
-def settle_deferred(params: Sequence, table: Callable[[np.ndarray, str], RankTable]) -> None:
-    """Make each Gluon parameter of `params` initialised on every rank or
-    waiting for deferred initialisation on every rank (collective: `table`
-    gives every rank's row): one that some ranks initialised already (a
-    forward pass or a load on rank 0 only, before the Trainer) takes, on the
-    others, the shape of the lowest rank that has it and is initialised now;
-    the broadcast that follows gives it the root's values everywhere. Without
-    this the ranks would broadcast different parameters, now and at their
-    first forward."""
-    waiting = [1 if p._data is None and p._deferred_init else 0 for p in params]
-    ndims = [len(p.shape or ()) for p in params]
-    flags_table = table(np.array(waiting + [max(ndims, default=0)], dtype=np.int64),
-                        "parameters waiting for deferred initialisation")
-    rows = flags_table.rows
-    flags, ranks = rows[:, :-1], len(flags_table.ranks)
-    mixed = [i for i in range(len(params)) if 0 < flags[:, i].sum() < ranks]
-    if not mixed:
-        return
-    width = 1 + int(rows[:, -1].max())     # ndim, then the dimensions
-    row = np.zeros((len(mixed), width), dtype=np.int64)
-    for k, i in enumerate(mixed):
-        if not waiting[i]:
-            shape = params[i].shape
-            row[k, 0], row[k, 1:1 + len(shape)] = len(shape), shape
-    shapes = table(row.ravel(), "shapes of parameters initialised on some ranks only"
-                   ).rows.reshape(ranks, len(mixed), width)
-    for k, i in enumerate(mixed):
-        if waiting[i]:
-            source = int(np.flatnonzero(flags[:, i] == 0)[0])
-            n = int(shapes[source, k, 0])
-            params[i].shape = tuple(int(d) for d in shapes[source, k, 1:1 + n])
-            params[i]._finish_deferred_init()
 
 
 class FrameworkGlue:
