@@ -22,6 +22,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,8 +76,9 @@ class RankPool:
         while len(self.socks) < np_:
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self.kill()
-                raise PoolError("a pool of %d ranks did not start:\n%s"
-                                % (np_, self._mpirun_log()))
+                log = self._mpirun_log()
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise PoolError("a pool of %d ranks did not start:\n%s" % (np_, log))
             try:
                 conn, _ = self.listener.accept()
             except socket.timeout:
@@ -141,7 +143,8 @@ class RankPool:
         return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
 
     def close(self) -> None:
-        """Let the ranks finish normally; kill them if they do not."""
+        """Let the ranks finish normally; kill them if they do not; remove the
+        pool's directory (its log and every run's output)."""
         if self.alive():
             try:
                 for conn in self.socks.values():
@@ -150,6 +153,7 @@ class RankPool:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -214,6 +218,8 @@ def run_pooled(script: str, np_: int, *args: str, timeout: float = 240,
     key = (np_, init)
     pool = _pools.get(key)
     if pool is None or not pool.alive():
+        if pool is not None:
+            pool.close()   # lost or killed after a failure: its directory goes
         pool = _pools[key] = RankPool(np_, pool_env)
     proc = pool.run(str(script_path(script)), list(args), per_run, unset, timeout, str(ROOT))
     if check and proc.returncode != 0:

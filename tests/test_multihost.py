@@ -145,6 +145,7 @@ HOLDER = ("import sys, time\n"
           "c = NetnsCluster(2, rate_gbit=1, loss_pct=1)\n"
           "c.start()\n"
           "print(' '.join(c.hosts + c.links + [c.bridge]), flush=True)\n"
+          "print(c.tmp, flush=True)\n"
           "time.sleep(120)\n")
 
 
@@ -164,7 +165,8 @@ def test_harness_leaves_nothing_behind(sig):
                             env=mpi_env(), cwd=str(ROOT))
     try:
         names = proc.stdout.readline().split()
-        assert len(names) == 5 and _exists(names) == names
+        files = Path(proc.stdout.readline().strip())
+        assert len(names) == 5 and _exists(names) == names and files.is_dir()
         proc.send_signal(getattr(signals, sig))
         proc.wait(timeout=30)
     finally:
@@ -175,4 +177,5 @@ def test_harness_leaves_nothing_behind(sig):
         assert _exists(names[:2]) == names[:2]   # left behind ...
         removed = netns.cleanup_stale()
         assert set(names[:2]) <= set(removed)    # ... until the stale clean-up
-    assert _exists(names) == []
+        assert str(files) in removed
+    assert _exists(names) == [] and not files.exists()

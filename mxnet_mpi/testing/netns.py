@@ -120,9 +120,15 @@ def _kill_netns_procs(ns: str) -> None:
 
 
 def cleanup_stale() -> list:
-    """Delete ``mxmpi-*`` namespaces and links whose creating process is gone
-    (left by a run killed with SIGKILL); returns their names."""
+    """Delete ``mxmpi-*`` namespaces, links and file directories (the agent
+    script, hostfiles) whose creating process is gone (left by a run killed
+    with SIGKILL); returns their names."""
     removed = []
+    for d in Path(tempfile.gettempdir()).glob(PREFIX + "*-files-*"):
+        owner = _owner(d.name)
+        if owner is not None and not _pid_alive(owner):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
     for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
         ns = line.split()[0] if line.split() else ""
         owner = _owner(ns) if ns.startswith(PREFIX) else None
@@ -279,7 +285,7 @@ class NetnsCluster:
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
             self.shape(i, *self._shape)
-        self.tmp = Path(tempfile.mkdtemp(prefix=PREFIX))
+        self.tmp = Path(tempfile.mkdtemp(prefix="%s%s-files-" % (PREFIX, self.tag)))
         cases = "\n".join('%s|%s) ns=%s%s;;' % (h, a, h, self._pin(i, '; pin="%s"'))
                            for i, (h, a) in enumerate(zip(self.hosts, self.addrs)))
         self.agent = self.tmp / "agent.sh"
