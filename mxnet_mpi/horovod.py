@@ -40,6 +40,7 @@ from .errors import MPIKVStoreError
 from .modes import create_stream
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_settings import describe
+from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
 from .store_calls import fan_out, sum_over_devices
 from .world import THREAD_MULTIPLE, finalize, on_exit, thread_level
@@ -558,16 +559,32 @@ def _reduce_op(average, op) -> int:
     return op
 
 
+def _is_integer(tensor) -> bool:
+    return np.dtype(tensor.dtype).kind in "iu"
+
+
 def _scale(tensor, factor) -> None:
-    """tensor *= factor (an engine op), unless factor is 1."""
-    if float(factor) != 1.0:
-        tensor *= float(factor)
+    """tensor *= factor (engine ops), unless factor is 1; an integer tensor as
+    Horovod scales it: in double precision, truncated toward zero (MXNet's
+    own multiply would first cast 0.5 to 0)."""
+    factor = float(factor)
+    if factor == 1.0:
+        return
+    if _is_integer(tensor):
+        tensor[:] = (tensor.astype("float64") * factor).astype(tensor.dtype)
+    else:
+        tensor *= factor
 
 
 def _allreduce_into(tensors: list, op: int, name, priority, prescale_factor, postscale_factor,
                     entry) -> None:
+    """One collective over `tensors` (one dtype)."""
     for i, t in enumerate(tensors):
         check_array(t, "tensor %d" % i)
+    if op == Average and tensors and _is_integer(tensors[0]):
+        # as Horovod: the sum scaled by 1/size (truncated), not an error
+        members = len(entry.ranks) if entry is not None else size()
+        op, postscale_factor = Sum, float(postscale_factor) / members
     for t in tensors:
         _scale(t, prescale_factor)
     ops.grouped_allreduce_(tensors, name=name, priority=priority, store=entry,
@@ -915,10 +932,17 @@ class DistributedTrainer(mx.gluon.Trainer):
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
                           "optimizer; it was unwrapped", stacklevel=2)
-        if isinstance(params, dict):
-            params = OrderedDict(params)
-        elif isinstance(params, (list, tuple)):
-            params = sorted(params, key=lambda p: p.name)
+        items = (list(params.items()) if isinstance(params, (dict, mx.gluon.ParameterDict))
+                 else [(p.name, p) for p in params] if isinstance(params, (list, tuple))
+                 else None)
+        if items is not None and self._process_set.size() > 1 and self._process_set.included():
+            # sorted by name, as Horovod does, unless Gluon's name counters
+            # differ between the ranks: then by position (param_order)
+            stream = _stream_of(self._process_set, "DistributedTrainer")
+            params, _ = agreed_order(items, lambda row, desc: rank_table(
+                stream, row, "DistributedTrainer: " + desc))
+        elif items is not None:
+            params = [p for _, p in sorted(items, key=lambda item: item[0])]
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         joining.note_outside(self)   # join() with no argument says it cannot cover it
         self._scale *= gradient_predivide_factor / self._process_set.size()
@@ -1063,9 +1087,17 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None,
     # before its first forward) is initialised everywhere first: the ranks
     # then broadcast the same parameters, now
     stream = _stream_of(process_set, "broadcast_parameters")
-    settle_deferred([p for _, p in sorted(params.items()) if isinstance(p, mx.gluon.Parameter)],
-                    lambda row, desc: rank_table(stream, row, "broadcast_parameters: " + desc))
-    for name, p in sorted(params.items()):
+
+    def table(row, desc):
+        return rank_table(stream, row, "broadcast_parameters: " + desc)
+
+    # by name, as Horovod does, unless Gluon's name counters differ between
+    # the ranks: then by position, under names of positions (param_order)
+    items, same = agreed_order([(name, (name, p)) for name, p in params.items()], table)
+    if not same:
+        items = [("%d" % i, p) for i, (_, p) in enumerate(items)]
+    settle_deferred([p for _, p in items if isinstance(p, mx.gluon.Parameter)], table)
+    for name, p in items:
         if isinstance(p, mx.gluon.Parameter):
             try:
                 p.list_data()

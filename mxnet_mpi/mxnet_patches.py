@@ -26,6 +26,7 @@ from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .optimizer_settings import describe, describe_params
+from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
 from .world import wait_queued_ops
 
@@ -151,10 +152,16 @@ def _patch_trainer() -> None:
     @functools.wraps(orig_init)
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
                  compression_params=None, update_on_kvstore=None):
-        orig_init(self, params, optimizer, optimizer_params, kvstore=kvstore,
+        kv = resolve(kvstore)
+        if kv is not None and isinstance(params, (dict, mx.gluon.ParameterDict)):
+            # keys are positions: pair the same layers on every rank, whatever
+            # Gluon's name counters did (param_order)
+            params, _ = agreed_order(list(params.items()), lambda row, desc: kv.rank_table(
+                row, "Trainer init: " + desc))
+        orig_init(self, params, optimizer, optimizer_params,
+                  kvstore=kv if kv is not None else kvstore,
                   compression_params=compression_params, update_on_kvstore=update_on_kvstore)
         self._mxmpi_writes = weight_writes.Watch()
-        kv = resolve(kvstore)
         if kv is None:
             return
         sparse_ok = getattr(kv, "supports_sparse", False)

@@ -1,6 +1,6 @@
 """`out` aliasing `value` (in place when it is the same memory, a clear error
 when it overlaps in part, never a hang) and averaging (the store's switch and
-MXNET_MPI_AVERAGE, against the sum path), on real mpirun ranks in every mode."""
+MXNET_MPI_AVERAGE, against the sum path; integers refused), on real mpirun ranks in every mode."""
 
 import re
 
@@ -8,7 +8,8 @@ import pytest
 from pool import run_pooled
 
 CHECKS = {"out_is_value", "out_same_memory_view", "overlap_is_error", "exact_after_overlap",
-          "average_float32", "average_float64", "average_env", "trainer_average_vs_sum"}
+          "average_float32", "average_float64", "average_int_refused", "average_env",
+          "trainer_average_vs_sum"}
 
 
 @pytest.mark.parametrize("mode", ["chained", "funneled", "concurrent"])

@@ -85,13 +85,14 @@ def _sections(out_dir, np_: int) -> dict:
 def test_api_on_ranks(tmp_path, np_):
     """hvd_api.py: queries before and after init, every reduction, gathers and
     scatters with uneven rows and splits, objects, two process sets used at
-    once (and, on 3 ranks, a cycle of three), trainers on a set, the timeline,
+    once (and, on 3 ranks, a cycle of three), trainers on a set, trainers and
+    broadcasts over layers that Gluon's counters named differently per rank, the timeline,
     bad input on one rank, and a rank that waits getting the named stall."""
     proc = run_mpi("hvd_api.py", np_, str(tmp_path), timeout=240,
                    env={"MXNET_MPI_STALL_WARN_S": "2"})
     found = _sections(tmp_path, np_)
     names = ["before_init", "init", "reductions", "gather_scatter", "objects", "process_sets",
-             "trainers", "timeline", "bad_input", "stall"]
+             "trainers", "name_counters", "timeline", "bad_input", "stall"]
     for r in range(np_):
         assert sorted(found[r]) == sorted(names), found[r]
         bad = {k: v for k, v in found[r].items() if v["status"] != "OK"}

@@ -18,7 +18,7 @@ LAYERS = [
     {"errors", "settings", "shm_segments", "transport", "routes", "report", "launch_watch",
      "pslite_roles", "optimizer_settings", "weight_writes"},
     {"_native", "timeline", "world"},
-    {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "deferred",
+    {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "deferred", "param_order",
      "device_meeting",
      "server_keys", "stale_grads"},
     {"modes", "trainer_plan"},

@@ -67,6 +67,21 @@ for dtype in ("float32", "float64"):
     check("average_" + dtype, np.array_equal(m.asnumpy(), s.asnumpy() / N),
           "%s vs %s" % (m.asnumpy()[:2], s.asnumpy()[:2] / N))
 
+# integers cannot be averaged: an error naming the key (they were summed, silently),
+# on every rank, and the store goes on; with the switch off they are summed
+kv.average = True
+i = rank_values(4, "int32")
+try:
+    kv.pushpull("int-avg", i)
+    i.asnumpy()
+    refused = ""
+except mxnet_mpi.MPIKVStoreError as exc:
+    refused = str(exc)
+kv.average = False
+kv.pushpull("int-avg", i)
+check("average_int_refused", "key 'int-avg'" in refused and "int32" in refused
+      and np.array_equal(i.asnumpy(), summed(4).astype(np.int32)), refused)
+
 # MXNET_MPI_AVERAGE=1 at creation; a Trainer on it takes averaged gradients
 os.environ["MXNET_MPI_AVERAGE"] = "1"
 kv_avg = mx.kv.create("mpi_" + mode)

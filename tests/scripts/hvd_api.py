@@ -157,6 +157,22 @@ def sec_reductions(res: Results) -> None:
                  "unknown op")
     # every rank refused the same way: the world's stream is still exact
     res.equal(hvd.allreduce(x, op=hvd.Sum), total, "exact after refusals")
+    # integers scale as Horovod 0.28.1 scales them (checked there): in double
+    # precision, truncated toward zero; their average is the sum times 1/size
+    base = np.array([10, 21, -7, 3], dtype=np.int64)
+    k = mx.nd.array(base * (R + 1), dtype="int32")
+    ksum = base * sum(r + 1 for r in range(N))
+
+    def scaled(a, f):
+        return (a.astype(np.float64) * f).astype(np.int32)
+    res.equal(hvd.allreduce(k, op=hvd.Sum, postscale_factor=1.5), scaled(ksum, 1.5),
+              "int32 postscale 1.5")
+    res.equal(hvd.allreduce(k, op=hvd.Sum, prescale_factor=0.5),
+              sum(scaled(base * (r + 1), 0.5) for r in range(N)), "int32 prescale 0.5")
+    res.equal(hvd.allreduce(k), scaled(ksum, 1.0 / N), "int32 average")
+    u = mx.nd.array(base * 0 + 7, dtype="uint8")
+    res.equal(hvd.allreduce(u, op=hvd.Sum, postscale_factor=0.3),
+              np.full((4,), int(7 * N * 0.3), np.uint8), "uint8 postscale 0.3")
 
 
 def sec_gather_scatter(res: Results) -> None:
@@ -367,6 +383,44 @@ def sec_trainers(res: Results) -> None:
                   for w in caught), "join() with a DistributedTrainer: %s" % caught)
 
 
+def skewed_net():
+    """Two Dense(3, in_units=3) layers named as Gluon's counters name them when
+    rank 0 made 9 layers first: 'skew9_', 'skew10_' there, 'skew0_', 'skew1_'
+    elsewhere, so sorted names put the second layer first on rank 0 only.
+    Rank r's layer j starts at 10 * j + r."""
+    first = 9 if R == 0 else 0
+    net = gluon.nn.Sequential()
+    for j in range(2):
+        net.add(gluon.nn.Dense(3, in_units=3, prefix="skew%d_" % (first + j)))
+    for j, layer in enumerate(net):
+        layer.initialize(mx.init.Constant(10.0 * j + R))
+    return net
+
+
+def sec_name_counters(res: Results) -> None:
+    """broadcast_parameters and DistributedTrainer pair the same layers on
+    every rank when Gluon's name counters differ between the ranks (by sorted
+    name they paired rank 0's second layer with the others' first)."""
+    net = skewed_net()
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    for j, layer in enumerate(net):
+        res.equal(layer.weight.data(), np.full((3, 3), 10.0 * j, np.float32),
+                  "layer %d broadcast from rank 0" % j)
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+    x = mx.nd.array(data(R, (2, 3)))
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    trainer.step(2)
+    # a mixed-up pairing updates the layers differently on rank 0
+    mine = np.concatenate([p.data().asnumpy().ravel() for p in
+                           (net[0].weight, net[0].bias, net[1].weight, net[1].bias)])
+    every = hvd.allgather(mx.nd.array(mine[None, :])).asnumpy()
+    res.check(all(np.array_equal(row, every[0]) for row in every),
+              "ranks' layers differ after a step: %s" % np.abs(every - every[0]).max())
+    res.check(not np.array_equal(mine[:9], np.full(9, 0.0, np.float32)), "no update")
+
+
 def sec_timeline(res: Results) -> None:
     path = os.path.join(OUT, "hvd_trace.json")
     with warnings.catch_warnings(record=True) as caught:
@@ -449,7 +503,8 @@ res.run("before_init", sec_before_init)
 res.run("init", sec_init)
 for name, fn in (("reductions", sec_reductions), ("gather_scatter", sec_gather_scatter),
                  ("objects", sec_objects), ("process_sets", sec_process_sets),
-                 ("trainers", sec_trainers), ("timeline", sec_timeline),
+                 ("trainers", sec_trainers), ("name_counters", sec_name_counters),
+                 ("timeline", sec_timeline),
                  ("bad_input", sec_bad_input), ("stall", sec_stall)):
     res.run(name, fn)
 res.write()

@@ -95,11 +95,13 @@ def section_init_shape(res: Results) -> None:
     trainer = trainer_of(net)
     msg = raised(one_step, net, trainer, width)
     w = net[0].weight
+    # #4: after the Trainer's tables of names and (names differ) order, and
+    # of parameters waiting for deferred initialisation
     expect(res, "init_shape", msg, [
         "ranks disagree", "[Trainer init: broadcast of initial weights]",
-        "rank 0 runs #2 'broadcast %s shape=(5, 8) float32' (40 elements) for parameter "
+        "rank 0 runs #4 'broadcast %s shape=(5, 8) float32' (40 elements) for parameter "
         "'init_r0_a_weight'" % keyed(trainer, w),
-        "rank 1 runs #2 'broadcast %s shape=(5, 6) float32' (30 elements) for parameter "
+        "rank 1 runs #4 'broadcast %s shape=(5, 6) float32' (30 elements) for parameter "
         "'init_r1_a_weight'" % keyed(trainer, w)])
 
 
@@ -188,6 +190,31 @@ def section_names_differ(res: Results) -> None:
     res.check(np.abs(got).sum() > 0, "names_differ: no weights")
 
 
+def section_name_counters(res: Results) -> None:
+    """Gluon's counters name the layers so that sorted names put the second
+    layer first on rank 0 only ('c9_', 'c10_' there, 'c0_', 'c1_' elsewhere:
+    rank 0 made 9 layers first). The Trainer's keys are positions in that
+    order: it pairs the same layers on every rank (sorted names paired rank
+    0's second layer with the others' first: same shapes, silent drift)."""
+    first = 9 if RANK == 0 else 0
+    net = mx.gluon.nn.Sequential()
+    for j in range(2):
+        net.add(mx.gluon.nn.Dense(3, in_units=3, prefix="c%d_" % (first + j)))
+    for j, layer in enumerate(net):
+        layer.initialize(mx.init.Constant(10.0 * j + RANK))
+    trainer = trainer_of(net)
+    for j, layer in enumerate(net):
+        res.equal(layer.weight.data(), np.full((3, 3), 10.0 * j, np.float32),
+                  "name_counters: layer %d from rank 0" % j)
+    one_step(net, trainer, 3)
+    mine = np.concatenate([p.data().asnumpy().ravel() for p in
+                           (net[0].weight, net[0].bias, net[1].weight, net[1].bias)])
+    table = mxnet_mpi.consistency.hashes_per_rank(trainer._kvstore, np.array(
+        [mxnet_mpi.consistency._digest(mx.nd.array(mine))], dtype=np.int64))
+    res.check(table.differing() == [], "name_counters: ranks' layers differ after a step")
+    res.check(not np.array_equal(mine[:9], np.zeros(9, np.float32)), "name_counters: no update")
+
+
 def section_module_shape(res: Results) -> None:
     """Module: a rank-dependent num_hidden; nothing is read for three updates,
     then the first read raises the error of Module init's broadcast."""
@@ -234,7 +261,8 @@ def stall() -> None:
 SECTION_FNS = {
     "init_shape": section_init_shape, "deferred_shape": section_deferred_shape,
     "later": section_later, "bad_value": section_bad_value,
-    "names_differ": section_names_differ, "module_shape": section_module_shape,
+    "names_differ": section_names_differ, "name_counters": section_name_counters,
+    "module_shape": section_module_shape,
 }
 
 if SECTIONS == ["stall"]:
