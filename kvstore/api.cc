@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <sstream>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -412,12 +413,28 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
     }
     // The heartbeat thread needs MPI_THREAD_MULTIPLE (it calls MPI beside us).
     // It runs on one rank too: a SyncBatchNorm device that never arrives is a
-    // stall of this rank alone.
-    if (*provided >= MPI_THREAD_MULTIPLE && Options().interval_s > 0) {
-      MPI_Comm health;
-      MPI_Comm_dup(MPI_COMM_WORLD, &health);
-      AddComm(health);
-      HealthStart(health, *rank);
+    // stall of this rank alone. Its communicator is made collectively, so the
+    // ranks agree on the period first: one rank with the watchdog off would
+    // skip the dup and meet its peers' dup with its next collective (a hang).
+    if (*provided >= MPI_THREAD_MULTIPLE) {
+      double mine[2] = {Options().interval_s, -Options().interval_s}, all[2];
+      if (MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        err = "mxnet_mpi: MPI_Allreduce of the heartbeat period failed";
+        return;
+      }
+      if (all[0] != -all[1]) {
+        std::ostringstream os;
+        os << "mxnet_mpi: MXNET_MPI_HEALTH_INTERVAL_S differs between the ranks (from "
+           << -all[1] << " to " << all[0] << " s); start every rank with the same value";
+        err = os.str();
+        return;
+      }
+      if (all[0] > 0) {
+        MPI_Comm health;
+        MPI_Comm_dup(MPI_COMM_WORLD, &health);
+        AddComm(health);
+        HealthStart(health, *rank);
+      }
     }
   });
   if (!err.empty()) {

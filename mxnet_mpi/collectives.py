@@ -27,6 +27,7 @@ from mxnet.base import NDArrayHandle
 from . import _native, settings
 from ._native import LIB, CallDesc
 from .errors import MPIKVStoreError
+from .peer_wait import waiting_for_peers
 from .world import Communicator, init, require_usable
 
 # numpy dtype -> MXNet dtype code (mshadow TypeFlag)
@@ -136,11 +137,15 @@ class Stream:
             return
         out = ctypes.c_int()
         opts = {**settings.store_options(), **options}
-        if LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
-                                  opts["small_bytes"], opts["chunk_bytes"],
-                                  opts.get("p2p_bytes", 0), opts["large_lanes"],
-                                  opts["cycle_us"], opts.get("preempt_bytes", 0),
-                                  ctypes.byref(out)) != 0:
+        with waiting_for_peers("creating store %r" % name, "every rank of its communicator "
+                               "creates the same stores (mx.kv.create, a Trainer's kvstore), "
+                               "in the same order", init().rank):
+            rc = LIB.mxmpi_store_create(kind, comm.id, name.encode(), opts["fusion_bytes"],
+                                        opts["small_bytes"], opts["chunk_bytes"],
+                                        opts.get("p2p_bytes", 0), opts["large_lanes"],
+                                        opts["cycle_us"], opts.get("preempt_bytes", 0),
+                                        ctypes.byref(out))
+        if rc != 0:
             # e.g. ranks that create different stores (every rank gets this)
             raise MPIKVStoreError(_native.last_error())
         self.id = out.value

@@ -12,6 +12,7 @@ layer of the package.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ def _bad(message: str) -> Exception:
 
 
 _TRUE = ("1", "true", "yes", "on")
+# Sizes move as MPI counts (C ints) of at most this many bytes' elements
+_GIB = 1 << 30
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -58,11 +61,12 @@ class Setting:
                 raise _bad("%s must be %s, got %r" % (
                     self.name, "an integer" if self.kind == "int" else "a number",
                     raw)) from None
+            if not math.isfinite(value):   # nan passes every comparison below
+                raise _bad("%s must be a finite number, got %r" % (self.name, raw))
             if value < self.minimum:
-                raise _bad("%s must be >= %g, got %r" % (self.name, self.minimum,
-                                                                     raw))
+                raise _bad("%s must be >= %s, got %r" % (self.name, self.minimum, raw))
             if self.maximum is not None and value > self.maximum:
-                raise _bad("%s must be <= %g, got %r" % (self.name, self.maximum, raw))
+                raise _bad("%s must be <= %s, got %r" % (self.name, self.maximum, raw))
             return value
         if self.kind == "bool":
             low = text.lower()
@@ -95,18 +99,22 @@ TABLE: tuple = (
             bad_choice="unknown mxnet_mpi mode %(value)r (from %(name)s); choose one of "
                        "%(choices)s"),
     Setting("MXNET_MPI_AVERAGE", "bool", False,
-            "1: `pushpull` averages instead of summing"),
+            "1: `pushpull` averages instead of summing (floating-point arrays; integers are "
+            "refused)"),
     Setting("MXNET_MPI_FUSION_BYTES", "int", 1 << 20,
-            "fuse allreduces that are ready together up to this many bytes (0: no fusion)"),
+            "fuse allreduces that are ready together up to this many bytes (0: no fusion)",
+            maximum=_GIB),
     Setting("MXNET_MPI_SMALL_BYTES", "int", 64 << 10,
-            "concurrent: arrays up to this size share the small (fused) lane"),
+            "concurrent: arrays up to this size share the small (fused) lane",
+            maximum=_GIB),
     Setting("MXNET_MPI_LARGE_LANES", "int", 1,
             "concurrent: lanes (threads, communicators) for larger arrays (more lanes only pay "
             "where cores and links are spare; on 2 cores, 2 lanes were slower than 1)",
-            minimum=1),
+            minimum=1, maximum=64),
     Setting("MXNET_MPI_CHUNK_BYTES", "int", 16 << 20,
             "large arrays move in blocking `MPI_Allreduce` calls of at most this size (every "
-            "store, the free functions' included; at least 4096)"),
+            "store, the free functions' included; at least 4096)",
+            maximum=_GIB),
     Setting("MXNET_MPI_P2P_BYTES", "int", None,
             "allreduce chunks of at least this many bytes take the store's own allreduce over "
             "point-to-point messages (each block reduced by its owner in rank order, then sent "
@@ -114,7 +122,8 @@ TABLE: tuple = (
             "waits sleep, so a rank waiting on the network leaves its core to backprop) "
             "instead of `MPI_Allreduce`; 0: never. fp16-compressed allreduces of at least this "
             "many bytes exchange their blocks the same way. On shared memory MPI's own "
-            "allreduce is faster", default_doc="1 across hosts, 0 on one host"),
+            "allreduce is faster", default_doc="1 across hosts, 0 on one host",
+            maximum=1 << 62),
     Setting("MXNET_MPI_COMM_NICE", "int", -10,
             "nice value of a store's communicating thread where its waits sleep (the "
             "point-to-point route, across hosts): woken by the network, it takes the core from "
@@ -133,13 +142,15 @@ TABLE: tuple = (
             "names of what `mxnet_mpi.testing.netns` creates (namespaces, links) start with "
             "this"),
     Setting("MXNET_MPI_CYCLE_US", "int", 200,
-            "funneled: pause after a cycle in which ranks agreed on nothing"),
+            "funneled: pause after a cycle in which ranks agreed on nothing",
+            maximum=1_000_000),
     Setting("MXNET_MPI_PREEMPT_BYTES", "int", 4 << 20,
             "funneled: a cycle ends once it has moved this many bytes, and a larger allreduce "
             "of one array moves in pieces of at most this size (and of "
             "MXNET_MPI_CHUNK_BYTES), so a more urgent gradient that becomes ready meanwhile "
             "runs between them ([modes.md](modes.md#pre-emption)); 0: each cycle runs "
-            "everything the ranks agreed on, whole (at least 4096 otherwise)"),
+            "everything the ranks agreed on, whole (at least 4096 otherwise)",
+            maximum=_GIB),
     Setting("MXNET_MPI_STALL_WARN_S", "float", 60.0,
             "warn (naming the missing ranks) when a collective, or a SyncBatchNorm meeting of "
             "a rank's devices, has waited this long; under the launcher, also name the "
@@ -159,7 +170,8 @@ TABLE: tuple = (
             "every N `Trainer.step`/`update` (or `Module.update`), compare a hash of every "
             "parameter across ranks (one small collective; not BatchNorm's running "
             "statistics, which are each rank's own as with MXNet's dist stores); 0: off, "
-            "nothing issued"),
+            "nothing issued",
+            maximum=1 << 62),
     Setting("MXNET_MPI_CONSISTENCY_ACTION", "choice", "warn",
             "on a difference: `warn` (names the first differing parameter, with its key for a "
             "Trainer, and the ranks), `broadcast` (also copies rank 0's weights everywhere) or "
@@ -168,14 +180,16 @@ TABLE: tuple = (
             "write a Chrome trace of all collectives per rank to this file "
             "(`trace.json` -> `trace.rank<r>.json`)", default_doc="unset"),
     Setting("MXNET_MPI_GROUP_SIZE", "int", None,
-            "hybrid stores: ranks per MPI group", minimum=1, default_doc="ranks per host"),
+            "hybrid stores: ranks per MPI group", minimum=1, default_doc="ranks per host",
+            maximum=1 << 30),
     Setting("MXNET_MPI_HYBRID_ROUTE", "choice", "leader",
             "hybrid stores: who talks to the servers (`leader`, or `sharded` with "
             "`dist_async_mpi`)", choices=("leader", "sharded"),
             bad_choice="unknown %(name)s %(value)r; choose one of %(choices)s"),
     Setting("MXNET_MPI_STAGE_CHUNK_BYTES", "int", 4 << 20,
             "GPU arrays are staged through host memory in chunks of this size (0: the "
-            "default)"),
+            "default)",
+            maximum=_GIB),
     Setting("MXNET_MPI_FORCE_STAGING", "bool", False,
             "1: stage host arrays too (tests the GPU path without a GPU)"),
     Setting("MXNET_MPI_CHECK_SIGNATURES", "bool", True,

@@ -29,6 +29,7 @@ import mxnet as mx
 from . import settings, shm_segments, timeline, transport
 from ._native import LIB, check, last_error
 from .errors import MPIKVStoreError
+from .peer_wait import waiting_for_peers
 
 THREAD_SERIALIZED = 2
 THREAD_MULTIPLE = 3
@@ -119,7 +120,10 @@ def init() -> Communicator:
         if timeline.requested():
             timeline.start()
         out = [ctypes.c_int() for _ in range(5)]
-        with transport.singleton_segments() as _state.segment_dir:
+        with transport.singleton_segments() as _state.segment_dir, waiting_for_peers(
+                "MPI's start-up", "a process of the job that never starts MPI (one that "
+                "does not use mxnet_mpi, e.g. MXNET_MPI_AUTOLOAD=0 or no store on some rank) "
+                "keeps the others here", mpi_started=False):
             rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[store0[k] for k in settings.STORE_OPTIONS],
                                 *[ctypes.byref(o) for o in out])
         if rc != 0:
@@ -241,7 +245,9 @@ def _split(parent: int, color: int, key: int) -> Communicator | None:
         # Without MPI_THREAD_MULTIPLE no collective may be running meanwhile.
         mx.nd.waitall()
     out = ctypes.c_int()
-    check(LIB.mxmpi_comm_split(parent, color, key, ctypes.byref(out)))
+    with waiting_for_peers("splitting a communicator", "every member of it splits it, in "
+                           "the same order as its other collectives", _state.world.rank):
+        check(LIB.mxmpi_comm_split(parent, color, key, ctypes.byref(out)))
     if out.value < 0:
         return None
     r, s = ctypes.c_int(), ctypes.c_int()

@@ -6,6 +6,7 @@ collective must still complete (no rank left stuck in an unmatched one)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,52 @@ def test_ranks_started_with_different_settings_are_told_why():
     for ln in lines:
         assert "MPIKVStoreError" in ln and "rank 1 chained chunk_bytes=65536" in ln, ln
         assert "found as MPI started: the ranks' environments hold different" in ln, ln
+
+
+def test_a_heartbeat_period_on_one_rank_only_is_named():
+    """MXNET_MPI_HEALTH_INTERVAL_S=0 (the watchdog off) on one rank only: that
+    rank skipped the creation of the heartbeat communicator and every rank hung
+    in MPI's start-up, silently. Now every rank is told, on each try."""
+    cmd = [MPIRUN, "-np", "1", sys.executable, "-c", START_PROBE, ":", "-np", "1",
+           "-x", "MXNET_MPI_HEALTH_INTERVAL_S=0", sys.executable, "-c", START_PROBE]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), timeout=120)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("first", "again"))]
+    assert len(lines) == 4, proc.stdout + proc.stderr[-3000:]
+    for ln in lines:
+        assert ("MPIKVStoreError mxnet_mpi: MXNET_MPI_HEALTH_INTERVAL_S differs between the "
+                "ranks (from 0 to 1 s)") in ln, ln
+
+
+ONE_STORE = r"""
+import mxnet as mx, mxnet_mpi
+mxnet_mpi.init()
+if mxnet_mpi.rank() == 0:
+    mx.kv.create("mpi")   # rank 1 never makes it
+print("rank", mxnet_mpi.rank(), "passed", flush=True)
+import time; time.sleep(60)
+"""
+FAST_STALL = {"MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "3"}
+
+
+@pytest.mark.parametrize("peer", ["no_store", "no_mpi"])
+def test_waits_for_peers_outside_collectives_end_named(peer):
+    """A store created on rank 0 only, or a process of the job that never
+    starts MPI (no mxnet_mpi there): the other rank waited in the store's
+    creation or in MPI's start-up for good, silently. Now the stall warning
+    names the wait and the job ends after MXNET_MPI_STALL_ABORT_S."""
+    other = ["-c", ONE_STORE] if peer == "no_store" else ["-c", "import time; time.sleep(60)"]
+    cmd = [MPIRUN, "-np", "1", sys.executable, "-c", ONE_STORE, ":", "-np", "1",
+           sys.executable, *other]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(FAST_STALL),
+                          timeout=120)
+    assert proc.returncode != 0
+    what = r"creating store 'mpi_\w+'" if peer == "no_store" else r"MPI's start-up"
+    assert re.search(r"\[rank 0\] mxnet_mpi: stall warning: %s has waited 1 s for the other "
+                     r"ranks" % what, proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"\[rank 0\] mxnet_mpi: %s has waited more than "
+                     r"MXNET_MPI_STALL_ABORT_S=3 s; aborting the job" % what,
+                     proc.stderr), proc.stderr[-3000:]
+    assert "rank 0 passed" not in proc.stdout
 
 
 def test_ranks_that_create_different_stores_are_told_at_once():

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "mxnet_mpi"
 LAYERS = [
     {"errors", "settings", "shm_segments", "transport", "routes", "report", "launch_watch",
      "pslite_roles", "optimizer_settings", "weight_writes"},
-    {"_native", "timeline", "world"},
+    {"_native", "timeline", "world", "peer_wait"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "deferred", "param_order",
      "device_meeting",
      "server_keys", "stale_grads"},

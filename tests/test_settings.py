@@ -88,6 +88,15 @@ def test_the_environment_check_sees_reads_through_a_name():
     ("MXNET_MPI_COMM_NICE", "20", "MXNET_MPI_COMM_NICE must be <= 19, got '20'"),
     ("MXNET_MPI_COMM_NICE", "-21", "MXNET_MPI_COMM_NICE must be >= -20, got '-21'"),
     ("MXNET_MPI_STALL_WARN_S", "soon", "MXNET_MPI_STALL_WARN_S must be a number, got 'soon'"),
+    ("MXNET_MPI_STALL_ABORT_S", "nan", "MXNET_MPI_STALL_ABORT_S must be a finite number, "
+                                       "got 'nan'"),
+    ("MXNET_MPI_HEALTH_INTERVAL_S", "inf", "MXNET_MPI_HEALTH_INTERVAL_S must be a finite "
+                                           "number, got 'inf'"),
+    # what ctypes would wrap, MPI counts overflow, or threads run out on
+    ("MXNET_MPI_CHUNK_BYTES", "99999999999999999999", "MXNET_MPI_CHUNK_BYTES must be <= "
+                                                      "1073741824"),
+    ("MXNET_MPI_LARGE_LANES", "100000", "MXNET_MPI_LARGE_LANES must be <= 64, got '100000'"),
+    ("MXNET_MPI_CYCLE_US", "2147483648", "MXNET_MPI_CYCLE_US must be <= 1000000"),
     ("MXNET_MPI_AVERAGE", "maybe", "MXNET_MPI_AVERAGE must be 0 or 1, got 'maybe'"),
     ("MXNET_MPI_MODE", "Bogus", "unknown mxnet_mpi mode 'bogus' (from MXNET_MPI_MODE)"),
     ("MXNET_MPI_HYBRID_ROUTE", "nearest", "unknown MXNET_MPI_HYBRID_ROUTE 'nearest'"),
