@@ -261,6 +261,10 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                               "'%s'; like MXNet's dist stores it cannot load them" % self.type)
 
     # ------------------------------------------------------------ Gluon glue
+    def recast(self, key) -> None:
+        """The servers keep the dtype a key was initialised with: a parameter
+        cast after the Trainer stays refused at its next use, named."""
+
     def _workers_stream(self):
         """The world's: batch sizes are summed over every group's ranks."""
         return self._world_stream

@@ -123,6 +123,10 @@ class KeyBook:
             return "key %r" % (key,)
         return "parameter %r" % (name,) if name == key else "key %r (parameter %r)" % (key, name)
 
+    def forget(self, key: Key) -> None:
+        """`key` takes the layout of its next use (its parameter was cast)."""
+        self._keys.pop(key, None)
+
     def layout(self, key: Key, arr) -> KeyInfo:
         """The key's layout; records `arr`'s at first use, else checks it matches."""
         shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)

@@ -164,6 +164,13 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         self._average = bool(value)
         self._forget_calls()
 
+    def recast(self, key) -> None:
+        """A Trainer's parameter was cast to another dtype (Parameter.cast, as
+        `net.cast('float16')` after the Trainer): its key takes the new layout
+        at its next use, where the ranks compare it as always."""
+        self._keys.forget(key)
+        self._forget_calls()
+
     def _forget_calls(self) -> None:
         """Settings changed (averaging, compression): build calls afresh."""
         self._plan.forget()

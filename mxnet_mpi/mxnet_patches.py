@@ -117,7 +117,8 @@ def written(trainer) -> bool:
 
 def _patch_parameter() -> None:
     """Note writes of a Trainer's parameters (weight_writes): set_data (also
-    load_parameters') and initialize(force_reinit=True)."""
+    load_parameters') and initialize(force_reinit=True); a cast lets the
+    store's key take the new dtype."""
     Parameter = mx.gluon.Parameter
     orig_set_data = Parameter.set_data
     orig_initialize = Parameter.initialize
@@ -135,8 +136,18 @@ def _patch_parameter() -> None:
         if force and self._trainer is not None:
             weight_writes.note(self)
 
+    orig_cast = Parameter.cast
+
+    @functools.wraps(orig_cast)
+    def cast(self, dtype):
+        orig_cast(self, dtype)
+        kv = _store_of(self._trainer) if self._trainer is not None else None
+        if kv is not None and self.name in self._trainer._param2idx:
+            kv.recast(self._trainer._param2idx[self.name])
+
     Parameter.set_data = set_data
     Parameter.initialize = initialize
+    Parameter.cast = cast
 
 
 def _patch_trainer() -> None:

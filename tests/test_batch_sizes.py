@@ -15,7 +15,8 @@ from pool import run_pooled
 # run in every mode, the rest once.
 SECTIONS = {
     "chained": "trainer,split,two_devices,module,horovod,horovod_uneven_devices",
-    "funneled": "trainer,trainer_float64,average,module,uneven_devices,uneven_devices_split",
+    "funneled": "trainer,trainer_float64,average,module,uneven_devices,uneven_devices_split,"
+                "cast_after_trainer",
     "concurrent": "trainer,fp16_compression,module",
 }
 

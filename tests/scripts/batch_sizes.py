@@ -107,12 +107,12 @@ def grads_on(net, rank: int, step: int, dtype: str, shards: int = 1) -> list:
 
 
 
-def reference(dtype: str, *, average: bool = False, shards=1, scale: float = 1.0
-              ) -> dict:
+def reference(dtype: str, *, average: bool = False, shards=1, scale: float = 1.0,
+              start: dict | None = None) -> dict:
     """One process: each step, the ranks' gradients on the same weights, summed
     (divided by the ranks with `average`), and one update with the rule.
     `shards`: each rank's number of devices, or a function of the rank."""
-    net = mlp(dtype, mx.cpu(), initial(dtype))
+    net = mlp(dtype, mx.cpu(), initial(dtype) if start is None else start)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT)
     params = list(_params(net).values())
     for step in range(STEPS):
@@ -179,6 +179,19 @@ def section_trainer(res: Results, dtype: str, step_fn=plain_step) -> None:
     train(res, net, trainer, dtype, step_fn)
     record(res, "trainer_%s_%s" % (dtype, step_fn.__name__), weights(net), reference(dtype),
            initial(dtype))
+
+
+def section_cast_after_trainer(res: Results) -> None:
+    """net.cast('float64') after the Trainer was made (MXNet's own stores come at
+    the first step, so this works there; float16 likewise, where MXNet has
+    float16 layers): the keys take the new dtype. The start is exact in
+    float32, so the reference starts from the same values."""
+    start = {k: v.astype(np.float32).astype(np.float64) for k, v in initial("").items()}
+    net = mlp("float32", mx.cpu(), start if RANK == 0 else None)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", OPT, kvstore="mpi_" + MODE)
+    net.cast("float64")
+    train(res, net, trainer, "float64", plain_step)
+    record(res, "cast_after_trainer", weights(net), reference("float64", start=start), start)
 
 
 def section_two_devices(res: Results) -> None:
@@ -427,6 +440,7 @@ SECTION_FNS = {
     "trainer": lambda res: section_trainer(res, "float32"),
     "trainer_float64": lambda res: section_trainer(res, "float64"),
     "split": lambda res: section_trainer(res, "float32", split_step),
+    "cast_after_trainer": section_cast_after_trainer,
     "two_devices": section_two_devices,
     "uneven_devices": uneven_devices(plain_step),
     "uneven_devices_split": uneven_devices(split_step),
