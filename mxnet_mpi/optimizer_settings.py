@@ -13,7 +13,10 @@ The text holds the optimizer's class and every public setting whose value is a
 plain scalar (learning rate ``lr``, ``wd``, ``momentum``, ``beta1``,
 ``clip_gradient``, ...), its ``lr_mult``/``wd_mult`` tables, the per-parameter
 multipliers of Gluon parameters, and the scheduler's class and settings
-(read, never called: a scheduler may count its calls). Lists of scalars count
+(never called: a scheduler may count its calls; for MXNet's own schedulers,
+their settings without their progress, and the rate a copy gives for the next
+update, so that asking a scheduler ahead of the optimizer, to log the next
+rate, is no difference). Lists of scalars count
 as settings (a MultiFactorScheduler's ``step``: with only its scalars compared,
 ranks with different lists met only once a change of rate had been applied).
 So does ``aggregate_num``, how many parameters one op updates: LAMB's
@@ -24,6 +27,7 @@ which the batch-size rule sets from the agreed sum; update counters).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 #: Attributes that are not settings of the update, or that the stores set alike.
@@ -44,8 +48,26 @@ def _scalars(obj) -> list:
             if not k.startswith("_") and k not in SKIPPED and _plain(v)]
 
 
-def _scheduler(scheduler) -> str:
-    return "%s(%s)" % (type(scheduler).__name__, ", ".join(_scalars(scheduler)))
+# MXNet's own schedulers keep their progress in these: a call ahead of the
+# optimizer's (logging the next step's rate) moves them early, though the
+# rate of the next update is the same.
+_PROGRESS = frozenset({"base_lr", "count", "cur_step_ind"})
+_OWN_SCHEDULERS = ("FactorScheduler", "MultiFactorScheduler", "PolyScheduler",
+                   "CosineScheduler")
+
+
+def _scheduler(scheduler, next_update: int | None = None) -> str:
+    """A scheduler's class and settings. MXNet's own compare their settings and
+    the rate of the `next_update` (from a copy: the scheduler is never
+    called), not their progress; another class, every public scalar."""
+    name = type(scheduler).__name__
+    own = type(scheduler).__module__ == "mxnet.lr_scheduler" and name in _OWN_SCHEDULERS
+    if not own:
+        return "%s(%s)" % (name, ", ".join(_scalars(scheduler)))
+    fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
+    if next_update is not None:
+        fields.append("lr at update %d=%r" % (next_update, copy.deepcopy(scheduler)(next_update)))
+    return "%s(%s)" % (name, ", ".join(fields))
 
 
 def describe(optimizer, scale: float | None = None, scale_name: str = "trainer scale") -> str:
@@ -70,7 +92,9 @@ def describe(optimizer, scale: float | None = None, scale_name: str = "trainer s
         fields.append("parameter multipliers (index, lr_mult, wd_mult)=%r" % mults)
     scheduler = getattr(optimizer, "lr_scheduler", None)
     if scheduler is not None:
-        fields.append("lr_scheduler=" + _scheduler(scheduler))
+        # MXNet's Optimizer asks its scheduler for num_update + 1 at the next update
+        fields.append("lr_scheduler=" + _scheduler(
+            scheduler, int(getattr(optimizer, "num_update", 0)) + 1))
     return ", ".join(fields)
 
 

@@ -12,7 +12,7 @@ from pool import run_sections
 
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
-                "scheduler_steps,aggregate,"
+                "scheduler_steps,scheduler_peek,aggregate,"
                 "rescale_grad,set_learning_rate,same,module,horovod,horovod_optimizer,set_optimizer,"
                 "stale_gradient,stale_gradient_horovod,ignore_stale,ignore_stale_update,"
                 "ignore_stale_horovod",
@@ -26,3 +26,5 @@ def test_ranks_with_different_optimizers_are_stopped_and_equal_ones_agree(tmp_pa
     ranks = run_sections("optimizer_settings.py", 2, mode, tmp_path, SECTIONS[mode])
     assert ranks[0]["digests"] == ranks[1]["digests"]
     assert {"same_adam", "same_sgd"} <= set(ranks[0]["digests"])
+    if mode == "funneled":
+        assert "scheduler_peek" in ranks[0]["digests"]

@@ -11,7 +11,7 @@ from mpirun import run_mpi
 from pool import run_pooled
 
 SECTIONS = ("init_shape,deferred_shape,later,bad_value,names_differ,name_counters,"
-            "module_shape")
+            "list_order,module_shape")
 FAST = {"MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "4",
         "MXNET_MPI_HEALTH_INTERVAL_S": "0.2"}
 

@@ -88,6 +88,31 @@ def section_same(res: Results) -> None:
             p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
 
 
+def section_scheduler_peek(res: Results) -> None:
+    """Rank 1 logs the next step's rate by asking the scheduler ahead of the
+    optimizer (it moves MXNet's schedulers' progress early, not the rate of
+    the next update): trains on, bit-identical, across two changes of rate.
+    Then rank 1 asks it far ahead (a plot of the schedule with the same
+    object), which changes the next rate: refused."""
+    net, x, y = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(
+        SAME, lr_scheduler=mx.lr_scheduler.FactorScheduler(step=2, factor=0.5)),
+        kvstore="mpi_" + MODE)
+    rates = []
+    for _ in range(6):
+        gluon_step(net, trainer, x, y)
+        if OTHER:
+            rates.append(trainer.optimizer.lr_scheduler(trainer.optimizer.num_update + 1))
+    mx.nd.waitall()
+    res.check(not OTHER or rates[-1] < rates[0], "the rate never changed: %s" % rates)
+    digests["scheduler_peek"] = hashlib.sha256(b"".join(
+        p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
+    if OTHER:
+        trainer.optimizer.lr_scheduler(100)
+    expect_refusal(res, lambda: gluon_step(net, trainer, x, y), "Trainer.step 7",
+                   "lr at update 7=%r" % (1e-08 if OTHER else 0.1 * 0.5 ** 3))
+
+
 def section_module(res: Results) -> None:
     """Module: the settings are compared at init_optimizer (with the sum of
     the bound batch sizes) and at an update once per SETTINGS_COLLECTIVES
@@ -298,6 +323,7 @@ SECTION_FNS = {
                                  "FactorScheduler" if OTHER else "lr=0.1"),
     # a list setting: the rates agree until the first change, which was applied
     # on the ranks before they were compared
+    "scheduler_peek": section_scheduler_peek,
     "scheduler_steps": trainer_differs(
         "sgd", {"learning_rate": 0.1, "lr_scheduler": mx.lr_scheduler.MultiFactorScheduler(
             step=[3, 5] if OTHER else [2, 4], factor=0.5)},

@@ -190,6 +190,43 @@ def section_names_differ(res: Results) -> None:
     res.check(np.abs(got).sum() > 0, "names_differ: no weights")
 
 
+def layers_agree(res: Results, section: str, net, trainer) -> None:
+    """Each layer has rank 0's starting weights, and after a step the same
+    weights on every rank."""
+    for j, layer in enumerate(net):
+        res.equal(layer.weight.data(), np.full((3, 3), 10.0 * j, np.float32),
+                  "%s: layer %d from rank 0" % (section, j))
+    one_step(net, trainer, 3)
+    mine = np.concatenate([p.data().asnumpy().ravel() for p in
+                           (net[0].weight, net[0].bias, net[1].weight, net[1].bias)])
+    table = mxnet_mpi.consistency.hashes_per_rank(trainer._kvstore, np.array(
+        [mxnet_mpi.consistency._digest(mx.nd.array(mine))], dtype=np.int64))
+    res.check(table.differing() == [], "%s: ranks' layers differ after a step" % section)
+    res.check(not np.array_equal(mine[:9], np.zeros(9, np.float32)), "%s: no update" % section)
+
+
+def two_layers(prefixes) -> mx.gluon.nn.Sequential:
+    """Dense(3, in_units=3) x 2; rank r's layer j starts at 10 * j + r."""
+    net = mx.gluon.nn.Sequential()
+    for prefix in prefixes:
+        net.add(mx.gluon.nn.Dense(3, in_units=3, prefix=prefix))
+    for j, layer in enumerate(net):
+        layer.initialize(mx.init.Constant(10.0 * j + RANK))
+    return net
+
+
+def section_list_order(res: Results) -> None:
+    """A list of parameters in another order on rank 1 (same names, same
+    shapes at each position): paired by name, where positions paired
+    different layers (silent drift)."""
+    net = two_layers(["lo_a_", "lo_b_"])
+    params = list(net.collect_params().values())
+    if RANK == 1:
+        params = params[2:] + params[:2]
+    layers_agree(res, "list_order", net, mx.gluon.Trainer(
+        params, "sgd", {"learning_rate": 0.1}, kvstore="mpi_" + MODE))
+
+
 def section_name_counters(res: Results) -> None:
     """Gluon's counters name the layers so that sorted names put the second
     layer first on rank 0 only ('c9_', 'c10_' there, 'c0_', 'c1_' elsewhere:
@@ -197,22 +234,8 @@ def section_name_counters(res: Results) -> None:
     order: it pairs the same layers on every rank (sorted names paired rank
     0's second layer with the others' first: same shapes, silent drift)."""
     first = 9 if RANK == 0 else 0
-    net = mx.gluon.nn.Sequential()
-    for j in range(2):
-        net.add(mx.gluon.nn.Dense(3, in_units=3, prefix="c%d_" % (first + j)))
-    for j, layer in enumerate(net):
-        layer.initialize(mx.init.Constant(10.0 * j + RANK))
-    trainer = trainer_of(net)
-    for j, layer in enumerate(net):
-        res.equal(layer.weight.data(), np.full((3, 3), 10.0 * j, np.float32),
-                  "name_counters: layer %d from rank 0" % j)
-    one_step(net, trainer, 3)
-    mine = np.concatenate([p.data().asnumpy().ravel() for p in
-                           (net[0].weight, net[0].bias, net[1].weight, net[1].bias)])
-    table = mxnet_mpi.consistency.hashes_per_rank(trainer._kvstore, np.array(
-        [mxnet_mpi.consistency._digest(mx.nd.array(mine))], dtype=np.int64))
-    res.check(table.differing() == [], "name_counters: ranks' layers differ after a step")
-    res.check(not np.array_equal(mine[:9], np.zeros(9, np.float32)), "name_counters: no update")
+    net = two_layers(["c%d_" % (first + j) for j in range(2)])
+    layers_agree(res, "name_counters", net, trainer_of(net))
 
 
 def section_module_shape(res: Results) -> None:
@@ -262,6 +285,7 @@ SECTION_FNS = {
     "init_shape": section_init_shape, "deferred_shape": section_deferred_shape,
     "later": section_later, "bad_value": section_bad_value,
     "names_differ": section_names_differ, "name_counters": section_name_counters,
+    "list_order": section_list_order,
     "module_shape": section_module_shape,
 }
 
