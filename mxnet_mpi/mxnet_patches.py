@@ -164,14 +164,14 @@ def _patch_trainer() -> None:
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
                  compression_params=None, update_on_kvstore=None):
         kv = resolve(kvstore)
-        named = (list(params.items()) if isinstance(params, (dict, mx.gluon.ParameterDict))
-                 else [(getattr(p, "name", ""), p) for p in params]
-                 if isinstance(params, (list, tuple)) else None)
-        if kv is not None and named is not None:
+        if kv is not None and isinstance(params, (dict, mx.gluon.ParameterDict, list, tuple)):
             # keys are positions: pair the same layers on every rank, whatever
             # Gluon's name counters did or a list's order (param_order)
+            listed = isinstance(params, (list, tuple))
+            named = ([(getattr(p, "name", ""), p) for p in params] if listed
+                     else list(params.items()))
             params, _ = agreed_order(named, lambda row, desc: kv.rank_table(
-                row, "Trainer init: " + desc), by_name=not isinstance(params, (list, tuple)))
+                row, "Trainer init: " + desc), by_name=not listed)
         orig_init(self, params, optimizer, optimizer_params,
                   kvstore=kv if kv is not None else kvstore,
                   compression_params=compression_params, update_on_kvstore=update_on_kvstore)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 
 #: Attributes that are not settings of the update, or that the stores set alike.
 SKIPPED = frozenset({"rescale_grad", "num_update", "begin_num_update"})
@@ -66,8 +67,19 @@ def _scheduler(scheduler, next_update: int | None = None) -> str:
         return "%s(%s)" % (name, ", ".join(_scalars(scheduler)))
     fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
     if next_update is not None:
-        fields.append("lr at update %d=%r" % (next_update, copy.deepcopy(scheduler)(next_update)))
+        fields.append("lr at update %d=%r" % (next_update, _next_rate(scheduler, next_update)))
     return "%s(%s)" % (name, ", ".join(fields))
+
+
+def _next_rate(scheduler, update: int) -> float:
+    """The rate a copy of `scheduler` gives for `update`, without its log line
+    ("Change learning rate to ...": the scheduler itself logs it at the update)."""
+    disabled = logging.root.manager.disable
+    logging.disable(max(disabled, logging.INFO))
+    try:
+        return copy.deepcopy(scheduler)(update)
+    finally:
+        logging.disable(disabled)
 
 
 def describe(optimizer, scale: float | None = None, scale_name: str = "trainer scale") -> str:
