@@ -329,6 +329,26 @@ bool UseP2p(const Transfer& t, MPI_Comm comm, int64_t n, int esize) {
   return t.p2p_bytes > 0 && p > 1 && n * esize >= t.p2p_bytes && n >= p;
 }
 
+// Fewer elements than ranks, where the point-to-point route would take them:
+// every rank's copy gathered and folded in rank order, as that route's block
+// owners fold theirs, so an array gets the same bits whether it moves alone or
+// fused with others into a chunk large enough for the route.
+std::string GatherFold(MPI_Comm comm, const void* in, void* out, int n, int dtype, int flags,
+                       const std::string& name) {
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  const size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
+  std::vector<char> all(bytes * p);
+  int rc = MPI_Allgather(in, n, MpiType(dtype), all.data(), n, MpiType(dtype), comm);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather", rc, name);
+  std::memcpy(out, all.data(), bytes);
+  for (int r = 1; r < p; ++r) {
+    rc = MPI_Reduce_local(all.data() + r * bytes, out, n, MpiType(dtype), ReduceOp(dtype, flags));
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local", rc, name);
+  }
+  return "";
+}
+
 // Sum (or min/max/product, by `flags`) of n elements over the communicator,
 // chunked; in == out means in place.
 std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, int dtype,
@@ -345,7 +365,13 @@ std::string ReduceChunked(MPI_Comm comm, const void* in, void* out, int64_t n, i
       if (!err.empty()) return err;
       continue;
     }
-    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
+    const void* src = in == out ? o : static_cast<const char*>(in) + off * esize;
+    if (t.p2p_bytes > 0 && static_cast<int64_t>(len) * esize >= t.p2p_bytes) {
+      const std::string err = GatherFold(comm, src, o, len, dtype, flags, name);
+      if (!err.empty()) return err;
+      continue;
+    }
+    const void* i = in == out ? MPI_IN_PLACE : src;
     const int rc = MPI_Allreduce(i, o, len, MpiType(dtype), ReduceOp(dtype, flags), comm);
     if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc, name);
   }

@@ -118,7 +118,8 @@ TABLE: tuple = (
     Setting("MXNET_MPI_P2P_BYTES", "int", None,
             "allreduce chunks of at least this many bytes take the store's own allreduce over "
             "point-to-point messages (each block reduced by its owner in rank order, then sent "
-            "to every rank: a ring's bytes, the same bits on every rank and in every run; its "
+            "to every rank: a ring's bytes, the same bits on every rank and in every run; a "
+            "chunk of fewer elements than ranks is gathered and folded in rank order too; its "
             "waits sleep, so a rank waiting on the network leaves its core to backprop) "
             "instead of `MPI_Allreduce`; 0: never. fp16-compressed allreduces of at least this "
             "many bytes exchange their blocks the same way. On shared memory MPI's own "

@@ -510,6 +510,38 @@ def sec_random_bitwise(res: Results) -> None:
         res.check(np.array_equal(devs[1].asnumpy(), devs[0].asnumpy()), "device copies differ")
 
 
+def sec_rank_order(res: Results) -> None:
+    """With the point-to-point route (MXNET_MPI_P2P_BYTES), sums are folded in
+    rank order, ((v0 + v1) + v2): the same bits in every run. Arrays of fewer
+    elements than ranks took MPI's allreduce (its own order: a last bit apart
+    at 3 ranks) until they were folded in rank order too; so are those fused
+    with others. Without the route: identical on every rank, close to it."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    p2p = getattr(KV.stream, "p2p_bytes", 0) > 0
+    sizes = list(range(1, SIZE + 3)) + [1025]
+    outs = []
+    for n in sizes:
+        x = (np.random.default_rng(500 + 10 * n + RANK).standard_normal(n) * 1.37
+             ).astype(np.float32)
+        a = nd(x)
+        KV.pushpull("order-%d" % n, a)
+        outs.append((n, a, comm.allgather(x)))
+    mx.nd.waitall()
+    for n, a, every in outs:
+        want = every[0].copy()
+        for x in every[1:]:
+            want = want + x
+        got = a.asnumpy()
+        if p2p:
+            res.check(np.array_equal(got, want), "%d elements: not the rank-order sum (%d "
+                      "elements differ)" % (n, int((got != want).sum())))
+        else:
+            res.check(np.allclose(got, want, rtol=1e-6, atol=1e-6), "%d elements: off" % n)
+        digests = comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
+        res.check(len(set(digests)) == 1, "%d elements: ranks differ" % n)
+
+
 def np_mode(section):
     """Run `section` with MXNet's numpy semantics (mx.np arrays, 0-d and empty shapes)."""
     def run(res: Results, *args) -> None:
@@ -614,6 +646,7 @@ SECTIONS = {
     "lowlevel": (sec_lowlevel,),
     "two_stores": (sec_two_stores,),
     "random_bitwise": (sec_random_bitwise,),
+    "rank_order": (sec_rank_order,),
     "np_arrays": (np_mode(sec_np_arrays),),
     # 0-d and empty legacy NDArrays with lists of outs or devices, init and pull
     # (MXNet's own 'local' kvstore handles all of these)
