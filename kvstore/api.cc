@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <array>
-#include <sstream>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>

@@ -26,9 +26,10 @@ def _bad(message: str) -> Exception:
 
 
 _TRUE = ("1", "true", "yes", "on")
-# Sizes move as MPI counts (C ints) of at most this many bytes' elements
-_GIB = 1 << 30
 _FALSE = ("0", "false", "no", "off")
+# The largest byte size a setting takes: a chunk moves as one MPI call, whose
+# element count is a C int (a larger value used to wrap silently in ctypes)
+_GIB = 1 << 30
 
 
 @dataclass(frozen=True)

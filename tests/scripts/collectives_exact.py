@@ -514,8 +514,8 @@ def sec_rank_order(res: Results) -> None:
     """With the point-to-point route (MXNET_MPI_P2P_BYTES), sums are folded in
     rank order, ((v0 + v1) + v2): the same bits in every run. Arrays of fewer
     elements than ranks took MPI's allreduce (its own order: a last bit apart
-    at 3 ranks) until they were folded in rank order too; so are those fused
-    with others. Without the route: identical on every rank, close to it."""
+    on 4 ranks, test_collectives' 4-rank run) until they were folded in rank
+    order too. Without the route: identical on every rank, close to it."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     p2p = getattr(KV.stream, "p2p_bytes", 0) > 0
