@@ -224,7 +224,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
             dst = src if outs is None else outs[0]
             return self._item(_native.ALLREDUCE, "allreduce", k, src, dst,
                               values if outs is None else outs, priority_of(k),
-                              self._flags(info.dtype, self._keys.what(k)))
+                              self._flags(info.dtype, k))
 
         self._run(groups, build, _native.ALLREDUCE, "allreduce")
 
@@ -261,7 +261,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
                 dst = mx.nd.empty(src.shape, ctx=src.context, dtype=src.dtype)
                 updates.append((k, dst))
             return self._item(_native.ALLREDUCE, "allreduce", k, src, dst, [dst], priority,
-                              self._flags(info.dtype, self._keys.what(k)))
+                              self._flags(info.dtype, k))
 
         try:
             self._run(groups, build, _native.ALLREDUCE, "allreduce")

@@ -43,7 +43,8 @@ def agreed_order(items: Sequence[tuple[str, Any]],
     names = [str(name) for name, _ in items]
     order = sorted(range(len(names)), key=names.__getitem__) if by_name \
         else list(range(len(names)))
-    row = [_digest(sorted(names)), _digest([names[i] for i in order]), len(names)]
+    in_order = _digest([names[i] for i in order])
+    row = [in_order if by_name else _digest(sorted(names)), in_order, len(names)]
     seen = table(np.array(row, dtype=np.int64), "parameter names")
     rows = seen.rows
     counts = rows[:, 2]

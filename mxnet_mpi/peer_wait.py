@@ -19,12 +19,12 @@ from typing import Iterator
 
 from . import settings
 from ._native import LIB
+from .report import rank_from_env
 
 
 def _rank_label(rank: int | None) -> str:
     if rank is None:   # before MPI: what the launcher told the process
-        found = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMIX_RANK")
-        rank = int(found) if found and found.isdigit() else None
+        rank = rank_from_env()
     return "" if rank is None else "[rank %d] " % rank
 
 

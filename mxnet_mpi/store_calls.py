@@ -67,18 +67,18 @@ class StoreCalls:
     """Building and pushing a store's collectives (a part of MPIKVStore: it
     uses the store's stream, key book, buffers and settings)."""
 
-    def _flags(self, dtype, what: str | None = None) -> int:
-        """The request flags of a sum of `dtype`; `what`: the caller's array,
-        which refuses an average of integers (one it cannot divide)."""
+    def _flags(self, dtype, key=None) -> int:
+        """The request flags of a sum of `dtype`; with the caller's `key`, an
+        average of integers (one it cannot divide) is refused, naming it."""
         dtype = np.dtype(dtype)
         flags = 0
         if self._average and dtype in FLOAT_DTYPES:
             flags |= _native.FLAG_AVERAGE
-        elif self._average and what is not None:
+        elif self._average and key is not None:
             raise MPIKVStoreError(
                 "%s: this store averages (kv.average / MXNET_MPI_AVERAGE=1), which needs "
                 "floating-point arrays, got %s; sum integers with kv.average = False"
-                % (what, dtype))
+                % (self._keys.what(key), dtype))
         if self._compression == "fp16" and dtype in (np.dtype(np.float32), np.dtype(np.float64)):
             flags |= _native.FLAG_COMPRESS_FP16
         return flags
