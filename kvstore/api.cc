@@ -40,7 +40,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 8;
+constexpr int kAbiVersion = 9;
 
 namespace mxnet_mpi {
 namespace {
@@ -60,6 +60,11 @@ std::atomic<bool> g_finalized{false};
 pid_t g_pid = 0;
 int g_world_rank = 0;
 int g_next_store = 0;  // owner thread only
+// Settings every rank must share (mxmpi_configure_agreed), and every rank's
+// values after init found them different (mxmpi_agreed_table).
+std::vector<int64_t> g_agreed;
+std::vector<int64_t> g_agreed_table;
+const char* kSettingsDiffer = "mxnet_mpi: the ranks hold different settings";
 
 int Fail(const std::string& msg) {
   g_last_error = msg;
@@ -411,6 +416,33 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
       std::lock_guard<std::mutex> lock(g_comms_mu);
       g_comms.assign(1, MPI_COMM_WORLD);
     }
+  });
+  if (!err.empty()) {
+    g_owner.Stop();
+    return Fail(err);
+  }
+  g_pid = getpid();
+  g_world_rank = *rank;
+  on_exit(&OnExit, nullptr);
+  // From here on MPI is up and finalised at exit, whatever fails: a rank
+  // that stops here ends cleanly, as its peers do.
+  g_owner.Call([&] {
+    // Gathered (not compared by sums) so that Python can name each variable
+    // and the ranks that hold each value.
+    if (!g_agreed.empty()) {
+      const int n = static_cast<int>(g_agreed.size());
+      std::vector<int64_t> table(static_cast<size_t>(n) * *size);
+      if (MPI_Allgather(g_agreed.data(), n, MPI_INT64_T, table.data(), n, MPI_INT64_T,
+                        MPI_COMM_WORLD) != MPI_SUCCESS) {
+        err = "mxnet_mpi: MPI_Allgather of the settings failed";
+        return;
+      }
+      if (!std::equal(table.begin(), table.end() - n, table.begin() + n)) {
+        g_agreed_table = std::move(table);
+        err = kSettingsDiffer;
+        return;
+      }
+    }
     // The heartbeat thread needs MPI_THREAD_MULTIPLE (it calls MPI beside us).
     // It runs on one rank too: a SyncBatchNorm device that never arrives is a
     // stall of this rank alone. Its communicator is made collectively, so the
@@ -437,13 +469,7 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
       }
     }
   });
-  if (!err.empty()) {
-    g_owner.Stop();
-    return Fail(err);
-  }
-  g_pid = getpid();
-  g_world_rank = *rank;
-  on_exit(&OnExit, nullptr);
+  if (!err.empty()) return Fail(err);
   CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)",
               MakeOptions(fusion_bytes, small_bytes, chunk_bytes, 0, large_lanes, cycle_us,
                           preempt_bytes),
@@ -494,6 +520,22 @@ MXMPI_API int mxmpi_configure(double warn_s, double abort_s, double interval_s,
   o.interval_s = interval_s;
   SetCommNice(comm_nice);
   return 0;
+}
+
+// Set before mxmpi_init: `n` values (of settings every rank must share) that
+// init compares across the ranks; it fails with kSettingsDiffer if they differ.
+MXMPI_API int mxmpi_configure_agreed(const int64_t* values, int n) {
+  g_agreed.assign(values, values + n);
+  return 0;
+}
+
+// After init failed with kSettingsDiffer: every rank's values (ranks x n, the
+// n of mxmpi_configure_agreed), copied into `out` if it holds `capacity` >= that
+// many; returns how many there are (0: none).
+MXMPI_API int64_t mxmpi_agreed_table(int64_t* out, int64_t capacity) {
+  const int64_t n = static_cast<int64_t>(g_agreed_table.size());
+  if (out != nullptr && capacity >= n) std::copy(g_agreed_table.begin(), g_agreed_table.end(), out);
+  return n;
 }
 
 MXMPI_API int mxmpi_abort(int code) {

@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -43,6 +43,8 @@ EXEC_FUNNELED = 1
 EXEC_CONCURRENT = 2
 
 DEFAULT_STORE = 0  # created by mxmpi_init over the world: the free functions' store
+# mxmpi_init's error when the ranks' agreed settings differ (kSettingsDiffer)
+SETTINGS_DIFFER = "mxnet_mpi: the ranks hold different settings"
 
 # The C names of the values above, as the library reports them.
 _ENUMS = {
@@ -226,6 +228,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_abort.argtypes = [i]
     lib.mxmpi_forked.argtypes = []
     lib.mxmpi_configure.argtypes = [d, d, d, i]
+    lib.mxmpi_configure_agreed.argtypes = [pi64, i]
+    lib.mxmpi_agreed_table.argtypes = [pi64, i64]
+    lib.mxmpi_agreed_table.restype = i64
     lib.mxmpi_comm_split.argtypes = [i, i, i, pi]
     lib.mxmpi_comm_info.argtypes = [i, pi, pi]
     lib.mxmpi_comm_spans_hosts.argtypes = [i, pi]

@@ -219,6 +219,16 @@ STORE_OPTIONS = {"fusion_bytes": "MXNET_MPI_FUSION_BYTES", "small_bytes": "MXNET
                  "chunk_bytes": "MXNET_MPI_CHUNK_BYTES", "large_lanes": "MXNET_MPI_LARGE_LANES",
                  "cycle_us": "MXNET_MPI_CYCLE_US", "preempt_bytes": "MXNET_MPI_PREEMPT_BYTES"}
 
+# Settings that every rank must share: they decide which collectives a rank
+# issues, or how it splits them. The ranks compare them as MPI starts
+# (world.init), so that a difference (one host's environment) is an error
+# naming the variable rather than a mismatch found at some later collective.
+AGREED = ("MXNET_MPI_AVERAGE", *STORE_OPTIONS.values(), "MXNET_MPI_P2P_BYTES",
+          "MXNET_MPI_CONSISTENCY_EVERY", "MXNET_MPI_CONSISTENCY_ACTION",
+          "MXNET_MPI_GROUP_SIZE", "MXNET_MPI_HYBRID_ROUTE", "MXNET_MPI_FORCE_STAGING",
+          "MXNET_MPI_STAGE_CHUNK_BYTES")
+_UNSET = -1   # an unset setting without a default (none of AGREED goes below 0)
+
 _cache: dict = {}   # name -> (raw, value)
 
 
@@ -254,10 +264,58 @@ def stall_limits() -> tuple:
     return warn, abort, get("MXNET_MPI_HEALTH_INTERVAL_S")
 
 
+def agreed_values() -> list:
+    """This rank's AGREED settings, each as one integer (choices by index)."""
+    out = []
+    for name in AGREED:
+        setting, value = BY_NAME[name], get(name)
+        if value is None:
+            out.append(_UNSET)
+        elif setting.kind == "choice":
+            out.append(setting.choices.index(value))
+        else:
+            out.append(int(value))
+    return out
+
+
+def _shown(name: str, code: int) -> str:
+    setting = BY_NAME[name]
+    if code == _UNSET:
+        return "unset"
+    if setting.kind == "choice":
+        return setting.choices[code]
+    return str(code)
+
+
+def _ranks(ranks: list) -> str:
+    shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    return "rank%s %s" % ("s" if len(ranks) > 1 else "", shown)
+
+
+def disagreement(rows: list) -> str:
+    """The error for ranks whose AGREED values (`rows`, one per rank) differ:
+    each differing variable with the ranks that hold each value."""
+    parts = []
+    for j, name in enumerate(AGREED):
+        holders: dict = {}
+        for rank, row in enumerate(rows):
+            holders.setdefault(int(row[j]), []).append(rank)
+        if len(holders) > 1:
+            parts.append("%s is %s" % (name, "; ".join(
+                "%s on %s" % (_shown(name, code), _ranks(ranks))
+                for code, ranks in holders.items())))
+    return ("mxnet_mpi: the ranks' environments hold different MXNET_MPI_* settings, which "
+            "every rank must share: %s. Start every rank with the same values (mpirun -x "
+            "NAME=value, or the same environment on every host)" % "; ".join(parts))
+
+
 def markdown() -> str:
     """The table as docs/settings.md shows it."""
     lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
     lines += ["| `%s` | %s | %s |" % (s.name, s.shown_default, s.doc) for s in TABLE]
+    lines += ["", "Compared across the ranks as MPI starts (a difference is an error naming "
+              "the variable and the ranks that hold each value): %s." % ", ".join(
+                  "`%s`" % name for name in AGREED)]
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,7 @@ from typing import Callable
 import mxnet as mx
 
 from . import settings, shm_segments, timeline, transport
-from ._native import LIB, check, last_error
+from ._native import LIB, SETTINGS_DIFFER, check, last_error
 from .errors import MPIKVStoreError
 from .peer_wait import waiting_for_peers
 
@@ -116,6 +116,8 @@ def init() -> Communicator:
                           "each collective before data moves (it is how they stay paired)",
                           stacklevel=2)
         LIB.mxmpi_configure(warn, abort, interval, settings.get("MXNET_MPI_COMM_NICE"))
+        agreed = settings.agreed_values()
+        LIB.mxmpi_configure_agreed((ctypes.c_int64 * len(agreed))(*agreed), len(agreed))
         _keep_mpi4py_from_finalizing()
         if timeline.requested():
             timeline.start()
@@ -128,12 +130,9 @@ def init() -> Communicator:
                                 *[ctypes.byref(o) for o in out])
         if rc != 0:
             error = last_error()
-            if "different stores" in error:
-                # the free functions' store is made with MPI, from each rank's
-                # environment: no store can be made alike in this process
-                error += (" -- found as MPI started: the ranks' environments hold different "
-                          "MXNET_MPI_* settings; start every rank with the same ones (MPI "
-                          "cannot be used in this process any more)")
+            if error == SETTINGS_DIFFER:
+                error = settings.disagreement(_agreed_table(len(agreed))) + (
+                    "; MPI cannot be used in this process any more")
             _state.init_error = error
             raise MPIKVStoreError(error)
         provided, rank, size, local_rank, local_size = (o.value for o in out)
@@ -152,6 +151,14 @@ def init() -> Communicator:
             if settings.get("MXNET_MPI_ABORT_ON_EXCEPTION"):
                 _install_abort_hook()
         return _state.world
+
+
+def _agreed_table(n: int) -> list:
+    """Every rank's agreed settings (n each), after MPI's start found them different."""
+    total = LIB.mxmpi_agreed_table(None, 0)
+    buf = (ctypes.c_int64 * total)()
+    LIB.mxmpi_agreed_table(buf, total)
+    return [list(buf[i:i + n]) for i in range(0, total, n)]
 
 
 def _keep_mpi4py_from_finalizing() -> None:

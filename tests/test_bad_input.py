@@ -117,19 +117,28 @@ for attempt in ("first", "again"):
 
 
 def test_ranks_started_with_different_settings_are_told_why():
-    """One rank's environment holds another MXNET_MPI_* value from the start:
-    the mismatch is found as MPI starts (in the free functions' store), so the
-    error says the environments differ, and a later try gets the same error
-    (it got 'already initialised')."""
+    """One rank's environment holds other MXNET_MPI_* values from the start: the
+    ranks compare them as MPI starts, so the error names each variable and the
+    ranks that hold each value, and a later try gets the same error. (An
+    averaging or staging setting on one rank used to surface later as 'ranks
+    disagree on a collective', naming no variable; a store option as the
+    native store's field name.)"""
+    differ = ["MXNET_MPI_CHUNK_BYTES=65536", "MXNET_MPI_AVERAGE=1",
+              "MXNET_MPI_CONSISTENCY_ACTION=raise", "MXNET_MPI_FORCE_STAGING=1"]
     cmd = [MPIRUN, "-np", "1", sys.executable, "-c", START_PROBE, ":", "-np", "1",
-           "-x", "MXNET_MPI_CHUNK_BYTES=65536", sys.executable, "-c", START_PROBE]
+           *[w for d in differ for w in ("-x", d)], sys.executable, "-c", START_PROBE]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("first", "again"))]
     assert len(lines) == 4, proc.stdout
     for ln in lines:
-        assert "MPIKVStoreError" in ln and "rank 1 chained chunk_bytes=65536" in ln, ln
-        assert "found as MPI started: the ranks' environments hold different" in ln, ln
+        assert "MPIKVStoreError mxnet_mpi: the ranks' environments hold different " in ln, ln
+        for named in ("MXNET_MPI_AVERAGE is 0 on rank 0; 1 on rank 1",
+                      "MXNET_MPI_CHUNK_BYTES is 16777216 on rank 0; 65536 on rank 1",
+                      "MXNET_MPI_CONSISTENCY_ACTION is warn on rank 0; raise on rank 1",
+                      "MXNET_MPI_FORCE_STAGING is 0 on rank 0; 1 on rank 1"):
+            assert named in ln, ln
+        assert "MXNET_MPI_FUSION_BYTES" not in ln, ln   # the same on both
 
 
 def test_a_heartbeat_period_on_one_rank_only_is_named():
@@ -139,6 +148,7 @@ def test_a_heartbeat_period_on_one_rank_only_is_named():
     cmd = [MPIRUN, "-np", "1", sys.executable, "-c", START_PROBE, ":", "-np", "1",
            "-x", "MXNET_MPI_HEALTH_INTERVAL_S=0", sys.executable, "-c", START_PROBE]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]   # MPI ends cleanly on every rank
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("first", "again"))]
     assert len(lines) == 4, proc.stdout + proc.stderr[-3000:]
     for ln in lines:
