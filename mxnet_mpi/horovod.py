@@ -709,8 +709,13 @@ def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_
         check_array(tensor, "tensor")
         if tensor.shape == ():
             raise ValueError("reducescatter does not support scalar inputs")
+        if op == Average and _is_integer(tensor):
+            # as Horovod (and allreduce here): the sum scaled by 1/size, truncated
+            members = len(entry.ranks) if entry is not None else size()
+            op, postscale_factor = Sum, float(postscale_factor) / members
         if float(prescale_factor) != 1.0:
-            tensor = tensor * float(prescale_factor)
+            tensor = tensor.copy()
+            _scale(tensor, prescale_factor)
     out = ops.reduce_scatter(tensor, average=op == Average, name=name, priority=priority,
                              store=entry)
     _scale(out, postscale_factor)

@@ -38,6 +38,7 @@ from mxnet.gluon import HybridBlock
 
 from . import ops
 from .collectives import engine_is_synchronous
+from .custom_function import Function
 from .device_meeting import DeviceMeeting
 from .errors import MPIKVStoreError
 from .modes import create_stream
@@ -110,7 +111,7 @@ _CPU_CONTEXTS = (
     "SyncBatchNorm (128 was enough for a 5-layer convnet on 3 contexts)")
 
 
-class _SyncBNFunction(autograd.Function):
+class _SyncBNFunction(Function):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta with mean and var over
     all ranks' batches; backward as the global batch's BatchNorm gives it.
     `sum_forward(arr, device)` / `sum_backward(arr, device, round)` return
@@ -200,6 +201,7 @@ class SyncBatchNorm(HybridBlock):
         super().__init__(**kwargs)
         self._axis, self._momentum, self._eps = axis, momentum, epsilon
         self._use_global_stats = use_global_stats
+        self._fix_gamma = not scale   # as BatchNorm: gamma taken as 1, whatever it holds
         self._sums = None   # (forward, backward) summing functions, made at first use
         SyncBatchNorm._count += 1
         self._label = "SyncBatchNorm %d" % SyncBatchNorm._count
@@ -237,15 +239,18 @@ class SyncBatchNorm(HybridBlock):
         if not autograd.is_training() or self._use_global_stats:
             return F.BatchNorm(x, gamma, beta, running_mean, running_var, eps=self._eps,
                                momentum=self._momentum, axis=self._axis,
-                               use_global_stats=True, fix_gamma=False)
+                               use_global_stats=True, fix_gamma=self._fix_gamma)
         if self._sums is None:   # first training forward: the same order on every rank
             self._sums = self._make_sums(self.gamma.list_ctx())
+        if self._fix_gamma:
+            gamma = F.ones_like(gamma)
         fn = _SyncBNFunction(self._axis % x.ndim, self._eps, *self._sums)
         y, mean, var = fn(x, gamma, beta)
-        with autograd.pause():
-            m = self._momentum
-            running_mean[:] = running_mean * m + mean * (1 - m)
-            running_var[:] = running_var * m + var * (1 - m)
+        if autograd.is_recording():   # BatchNorm updates them in its backward, so never
+            with autograd.pause():    # outside autograd.record()
+                m = self._momentum
+                running_mean[:] = running_mean * m + mean * (1 - m)
+                running_var[:] = running_var * m + var * (1 - m)
         return y
 
     def _make_sums(self, devices: list) -> tuple:

@@ -15,8 +15,8 @@ PACKAGE = ROOT / "mxnet_mpi"
 # what is built on the stores (framework patches, hybrid stores, launcher,
 # runner, Horovod API, SyncBatchNorm) and the package itself.
 LAYERS = [
-    {"errors", "settings", "shm_segments", "transport", "routes", "report", "launch_watch",
-     "pslite_roles", "optimizer_settings", "weight_writes"},
+    {"errors", "settings", "custom_function", "shm_segments", "transport", "routes", "report",
+     "launch_watch", "pslite_roles", "optimizer_settings", "weight_writes"},
     {"_native", "timeline", "world", "peer_wait"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "deferred", "param_order",
      "device_meeting",

@@ -212,6 +212,19 @@ def sec_gather_scatter(res: Results) -> None:
     res.equal(hvd.reducescatter(src, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25),
               (mine / 2).astype(np.float32), "reducescatter pre/postscale")
     res.equal(src, data(R, (2 * N + 1, 2)), "reducescatter leaves its input")
+    # integers as in allreduce (Horovod 0.28.1): scaled in double precision and
+    # truncated; the average is the sum times 1/size (it used to be refused, and
+    # prescale 0.5 was cast to 0 by MXNet's multiply)
+    base = np.array([[10, 21], [-7, 3], [5, 9]] * N, dtype=np.int64)[:2 * N + 1]
+    isrc = mx.nd.array(base * (R + 1), dtype="int32")
+    iparts = [(base * (r + 1) * 0.5).astype(np.int32) for r in range(N)]
+    itot = sum(iparts)[start:start + (3 if R == 0 else 2)]
+    res.equal(hvd.reducescatter(isrc, op=hvd.Sum, prescale_factor=0.5), itot,
+              "reducescatter int32 prescale 0.5")
+    isum = (base * sum(r + 1 for r in range(N)))[start:start + (3 if R == 0 else 2)]
+    res.equal(hvd.reducescatter(isrc), (isum.astype(np.float64) * (1.0 / N)).astype(np.int32),
+              "reducescatter int32 average")
+    res.equal(isrc, (base * (R + 1)).astype(np.int32), "reducescatter int32 leaves its input")
     two = hvd.grouped_reducescatter([src, mx.nd.array(data(R, (N, 1)))], op=hvd.Sum)
     res.equal(two[1], sum(data(r, (N, 1)) for r in range(N))[R:R + 1],
               "grouped_reducescatter")

@@ -3,8 +3,9 @@
   mpirun -np N python syncbn_run.py OUT_DIR        rank r: batch of 2 + 2 r images
   python syncbn_run.py OUT_DIR --reference N      one process, BatchNorm, global batch
   --offset K: inputs of mean about K (spread about 1 + r)
-Saves outputs, input gradients, gamma/beta gradients (summed over ranks, as the
-Trainer does) and running statistics.
+  --variants a,b: also these uses of the layer (VARIANTS), each in a fresh layer
+Saves, per variant, outputs, input gradients, gamma/beta gradients (summed over
+ranks, as the Trainer does) and running statistics.
 """
 
 import argparse
@@ -20,6 +21,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("out_dir")
 ap.add_argument("--reference", type=int, default=0)
 ap.add_argument("--offset", type=float, default=0.0)
+ap.add_argument("--variants", default="plain")
 args = ap.parse_args()
 out_dir, ref = args.out_dir, args.reference
 C = 3
@@ -32,34 +34,56 @@ def batch(r: int):
     return x, w
 
 
-if ref:
-    parts = [batch(r) for r in range(ref)]
-    x = mx.nd.array(np.concatenate([p[0] for p in parts]))
-    w = mx.nd.array(np.concatenate([p[1] for p in parts]))
-    bn = gluon.nn.BatchNorm(in_channels=C, momentum=0.9, epsilon=1e-5)
-else:
-    R = mxnet_mpi.rank()
-    xa, wa = batch(R)
-    x, w = mx.nd.array(xa), mx.nd.array(wa)
-    bn = mxnet_mpi.SyncBatchNorm(in_channels=C, momentum=0.9, epsilon=1e-5)
-bn.initialize()
-bn.gamma.set_data(mx.nd.array([1.5, 0.5, -1.0]))
-bn.beta.set_data(mx.nd.array([0.1, -0.2, 0.3]))
-x.attach_grad()
-with autograd.record():
-    y = bn(x)
-    loss = (y * w).sum()
-loss.backward()
-result = {"y": y.asnumpy(), "dx": x.grad.asnumpy(),
-          "dgamma": bn.gamma.grad().copy(), "dbeta": bn.beta.grad().copy(),
-          "running_mean": bn.running_mean.data().asnumpy(),
-          "running_var": bn.running_var.data().asnumpy()}
-if not ref:
-    for k in ("dgamma", "dbeta"):   # what the Trainer's allreduce makes of them
-        mxnet_mpi.ops.allreduce_(result[k])
-inference = bn(x).asnumpy()   # not recording: running statistics
-result = {k: (v.asnumpy() if isinstance(v, mx.nd.NDArray) else v) for k, v in result.items()}
-result["inference"] = inference
+# plain: x needs a gradient. frozen_input: it needs none (the layer on data, or
+# after frozen layers). frozen_gamma: gamma's grad_req is 'null'. scale_false:
+# scale=False with gamma holding values other than 1 (as BatchNorm, they are
+# ignored). accumulate: grad_req='add' everywhere, two backward passes.
+VARIANTS = ("plain", "frozen_input", "frozen_gamma", "scale_false", "accumulate")
+
+
+def run(variant: str) -> dict:
+    if ref:
+        parts = [batch(r) for r in range(ref)]
+        x = mx.nd.array(np.concatenate([p[0] for p in parts]))
+        w = mx.nd.array(np.concatenate([p[1] for p in parts]))
+        layer = gluon.nn.BatchNorm
+    else:
+        xa, wa = batch(mxnet_mpi.rank())
+        x, w = mx.nd.array(xa), mx.nd.array(wa)
+        layer = mxnet_mpi.SyncBatchNorm
+    bn = layer(in_channels=C, momentum=0.9, epsilon=1e-5, scale=variant != "scale_false")
+    bn.initialize()
+    bn.gamma.set_data(mx.nd.array([1.5, 0.5, -1.0]))
+    bn.beta.set_data(mx.nd.array([0.1, -0.2, 0.3]))
+    if variant == "frozen_gamma":
+        bn.gamma.grad_req = "null"
+    if variant == "accumulate":
+        bn.collect_params().setattr("grad_req", "add")
+    if variant != "frozen_input":
+        x.attach_grad(grad_req="add" if variant == "accumulate" else "write")
+    with autograd.train_mode():   # not recorded: BatchNorm keeps its running statistics
+        bn(x)
+    for _ in range(2 if variant == "accumulate" else 1):
+        with autograd.record():
+            y = bn(x)
+            loss = (y * w).sum()
+        loss.backward()
+    result = {"y": y.asnumpy(), "running_mean": bn.running_mean.data().asnumpy(),
+              "running_var": bn.running_var.data().asnumpy()}
+    if variant != "frozen_input":
+        result["dx"] = x.grad.asnumpy()
+    for name, p in (("dgamma", bn.gamma), ("dbeta", bn.beta)):
+        if p.grad_req != "null":
+            grad = p.grad().copy()
+            if not ref:   # what the Trainer's allreduce makes of it
+                mxnet_mpi.ops.allreduce_(grad)
+            result[name] = grad.asnumpy()
+    result["inference"] = bn(x).asnumpy()   # not recording: running statistics
+    return result
+
+
 os.makedirs(out_dir, exist_ok=True)
-np.savez(os.path.join(out_dir, "ref.npz" if ref else "rank%d.npz" % mxnet_mpi.rank()), **result)
+for variant in args.variants.split(","):
+    name = ("ref_%s.npz" if ref else "rank%d_%%s.npz" % mxnet_mpi.rank()) % variant
+    np.savez(os.path.join(out_dir, name), **run(variant))
 print("done", flush=True)
