@@ -20,7 +20,7 @@ import os
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, joining, weight_writes
+from . import _native, joining, report, weight_writes
 from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
@@ -59,9 +59,26 @@ def _patched_create(orig):
                 raise MPIKVStoreError("unknown kvstore %r; mxnet_mpi provides %s"
                                       % (name, ", ".join(ours)))
         elif isinstance(name, str) and name.lower().startswith("dist"):
-            _finish_queued_work_at_exit()   # MXNet's own distributed store
+            _check_ps_workers(name)   # MXNet's own distributed store
+            _finish_queued_work_at_exit()
         return orig(name)
     return create
+
+
+def _check_ps_workers(name: str) -> None:
+    """MXNet's own dist stores make each process a ps-lite worker. In an MPI
+    job of more ranks than DMLC_NUM_WORKER (as mxnet_mpi.launch sets it for the
+    hybrid stores: one worker per group), one rank trained alone and the others
+    hung in ps-lite until the stall abort, named only as a missing rank."""
+    ranks, declared = report.size_from_env(), os.environ.get("DMLC_NUM_WORKER", "")
+    if os.environ.get("DMLC_ROLE", "worker") != "worker" or ranks is None \
+            or not declared.isdigit() or int(declared) >= ranks:
+        return
+    raise MPIKVStoreError(
+        "kvstore %r (MXNet's own) makes every rank a ps-lite worker, but this job has %d "
+        "ranks and DMLC_NUM_WORKER=%s (mxnet_mpi.launch sets one worker per MPI group, for "
+        "the hybrid stores): launch with --groups %d (one group per rank), or use a hybrid "
+        "store ('dist_sync_mpi', 'dist_async_mpi')" % (name, ranks, declared, ranks))
 
 
 def resolve(kvstore):

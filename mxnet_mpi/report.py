@@ -37,6 +37,16 @@ def rank_from_env() -> int | None:
     return None
 
 
+def size_from_env() -> int | None:
+    """The number of ranks in this process's job as mpirun set it (None: not
+    started by an MPI launcher)."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def _send(line: str) -> None:
     sock = _state["sock"]
     if sock is None:

@@ -4,7 +4,7 @@ The one place that reads them. ``get(name)`` parses and validates the
 variable's current value (a bad value is an MPIKVStoreError naming the
 variable); ``store_options()`` gives the native stream settings every store
 runs with, the free functions' store 0 included. docs/settings.md lists this
-table (``python -m mxnet_mpi.settings`` prints it; a test checks the page).
+table (``python tools/settings_table.py`` prints it; a test checks the page).
 
 Pure Python with no import of MXNet or of the native library: the lowest
 layer of the package.
@@ -318,6 +318,3 @@ def markdown() -> str:
                   "`%s`" % name for name in AGREED)]
     return "\n".join(lines) + "\n"
 
-
-if __name__ == "__main__":
-    print(markdown(), end="")

@@ -106,6 +106,13 @@ def test_wheel_built_in_isolation_runs_in_a_fresh_venv(tmp_path):
     abi = re.search(r"^ABI_VERSION = (\d+)", (ROOT / "mxnet_mpi" / "_native.py").read_text(), re.M)
     assert "'mpi_loaded': 'Open MPI v5." in proc.stdout and f"'abi': '{abi[1]}'" in proc.stdout
 
+    # pip's isolated build (a rebuild, an extra added) runs this venv's .pth,
+    # then takes site-packages off sys.path: the hook must pass by
+    proc = run([py, "-c", "import sys, importlib.util\n"
+                "sys.path = [p for p in sys.path if 'site-packages' not in p]\n"
+                "print('SPEC', importlib.util.find_spec('mxnet'))"], tmp_path, 120)
+    assert "SPEC None" in proc.stdout, proc.stdout
+
     # plain mpirun, a script that never names mxnet_mpi: the hook makes it sync;
     # after `import mxnet` MPI is loaded but not initialised
     mpirun = [venv / "bin" / "mpirun", "-np", "2", "--oversubscribe", py, PLAIN, "mpi"]

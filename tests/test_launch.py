@@ -241,3 +241,17 @@ def test_mxnet_own_parameter_server_exits_as_without_us(kvstore):
         assert "AFTER5 1 -39.000000 -7.500000" in proc.stdout, proc.stdout[-3000:]
     for bad in ("terminate called", "Aborted", "exited on signal", "not every rank"):
         assert bad not in proc.stdout, proc.stdout[-3000:]
+
+
+def test_mxnet_own_store_with_fewer_ps_workers_than_ranks_is_named():
+    """MXNet's own dist_sync launched without --groups (DMLC_NUM_WORKER=1, one
+    worker per group, for the hybrid stores, on a job of 2 ranks): rank 0
+    trained alone and rank 1 hung in ps-lite until the stall abort, named only
+    as a rank missing. Now an error at the store's creation says why."""
+    proc = run(2, 1, 1, [sys.executable, str(SCRIPTS / "ps_exit.py"), "dist_sync"],
+               timeout=120, env={"MXNET_MPI_STALL_ABORT_S": "60"}, check=False)
+    assert proc.returncode != 0
+    assert ("kvstore 'dist_sync' (MXNet's own) makes every rank a ps-lite worker, but this "
+            "job has 2 ranks and DMLC_NUM_WORKER=1") in proc.stdout, proc.stdout[-3000:]
+    assert "launch with --groups 2" in proc.stdout
+    assert "FINAL" not in proc.stdout

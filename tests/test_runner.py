@@ -50,6 +50,29 @@ def test_plain_mpirun_with_the_startup_hook_of_the_dev_install():
     assert proc.stdout.count("argv ['mpi'] mpi loaded path0") == 2, proc.stdout
 
 
+HOOK_PROBE = r"""
+import importlib.util, sys
+exec(open(sys.argv[1]).read().splitlines()[-1])   # what site.py runs of the .pth
+print("without", importlib.util.find_spec("mxnet"))
+sys.path[:0] = sys.argv[2:]
+print("with", type(importlib.util.find_spec("mxnet").loader).__name__)
+"""
+
+
+def test_startup_hook_passes_by_where_its_module_is_gone(tmp_path):
+    """pip's isolated build runs the venv's .pth, then takes site-packages off
+    sys.path: the hook's finder raised ModuleNotFoundError from every
+    find_spec('mxnet') there, so `pip wheel`, a reinstall or an extra into a
+    venv holding mxnet-mpi failed. Without its module it must answer None;
+    with it, wrap mxnet's loader as before."""
+    purelib = sysconfig.get_paths()["purelib"]
+    proc = subprocess.run([sys.executable, "-S", "-c", HOOK_PROBE,
+                           str(ROOT / "mxnet_mpi_autoload.pth"), str(ROOT), purelib],
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["without None", "with _ThenMxnetMpi"], proc.stdout
+
+
 @pytest.mark.parametrize("variable", ["MXNET_MPI_TRANSPORT_DEFAULTS", "MXNET_MPI_AUTOLOAD"])
 def test_startup_hook_that_cannot_load_the_package_refuses_its_stores(variable):
     """A bad MXNET_MPI_* value makes `import mxnet_mpi` fail inside the hook

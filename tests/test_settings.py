@@ -23,7 +23,7 @@ NAME = re.compile(r"MXNET_MPI_[A-Z0-9_]*[A-Z0-9]")
 def test_docs_list_the_table():
     page = (ROOT / "docs" / "settings.md").read_text()
     assert page.count(settings.markdown()) == 1, \
-        "docs/settings.md is out of date: paste `python -m mxnet_mpi.settings` into it"
+        "docs/settings.md is out of date: paste `python tools/settings_table.py` into it"
     assert page.count("| variable | default | meaning |") == 1
 
 
