@@ -61,6 +61,7 @@ from .hybrid_sparse import SparsePath, is_sparse_param
 from .keys import broadcast_groups, check_optimizer, key_groups
 from .keys import check_key as _check_key
 from .kvstore import MPIKVStore
+from .mxnet_patches import create_inner_dist
 from .optimizer_settings import describe
 from .pslite_client import ServerClient, close_at_exit, open_stores, server_flight
 from .server_keys import ServerKeys
@@ -140,7 +141,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         self.stats: collections.Counter = collections.Counter()
         if self._is_ps_worker:
             # Blocks until the scheduler, every server and every ps worker are up.
-            self._dist = mx.kv.create(self.dist_type)
+            self._dist = create_inner_dist(self.dist_type)
         open_stores.add(self)
         close_at_exit()
 

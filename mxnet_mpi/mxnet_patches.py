@@ -32,6 +32,7 @@ from .world import wait_queued_ops
 
 _applied = False
 _drain_registered = False
+_original_create = None   # MXNet's kv.create, before apply() wraps it
 
 
 def _claims(name: str) -> bool:
@@ -63,6 +64,14 @@ def _patched_create(orig):
             _finish_queued_work_at_exit()
         return orig(name)
     return create
+
+
+def create_inner_dist(name: str):
+    """MXNet's own dist store `name` for a hybrid store's ps-lite worker (one
+    per group: DMLC_NUM_WORKER counts groups, so _check_ps_workers does not
+    apply)."""
+    _finish_queued_work_at_exit()
+    return _original_create(name)
 
 
 def _check_ps_workers(name: str) -> None:
@@ -587,6 +596,8 @@ def apply() -> None:
     global _applied
     if _applied:
         return
+    global _original_create
+    _original_create = mx.kv.create
     mx.kv.create = _patched_create(mx.kv.create)
     mx.model._create_kvstore = _patched_create_kvstore(mx.model._create_kvstore)
     _patch_parameter()
