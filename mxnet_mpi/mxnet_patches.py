@@ -25,6 +25,7 @@ from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
+from .module_states import ModuleStates
 from .optimizer_settings import describe, describe_params
 from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
@@ -515,6 +516,27 @@ def _patch_module() -> None:
         group = self._exec_group
         self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)), self._kvstore)
 
+    orig_sync = Module._sync_params_from_devices
+
+    @functools.wraps(orig_sync)
+    def _sync_params_from_devices(self):
+        if not isinstance(self._kvstore, MPIKVStore):
+            return orig_sync(self)
+        # MXNet averages the devices' copies of each weight; on our stores they
+        # are identical, and (3a)/3 need not be a: on 3 devices Module.fit's
+        # end of epoch (get_params, then set_params) moved a rank's weights by
+        # rounding, apart from ranks on 1 or 2 devices. Device 0's copy is exact.
+        # Auxiliary states (BatchNorm's) differ per device: averaged as MXNet does.
+        group = self._exec_group
+        for name, block in zip(group.param_names, group.param_arrays):
+            block[0].astype(self._arg_params[name].dtype).copyto(self._arg_params[name])
+        for name, block in zip(group.aux_names, group.aux_arrays):
+            mean = sum(a.copyto(mx.cpu()) for a in block) / len(block)
+            mean.astype(self._aux_params[name].dtype).copyto(self._aux_params[name])
+        self._params_dirty = False
+        return None
+
+    Module._sync_params_from_devices = _sync_params_from_devices
     Module.init_optimizer = init_optimizer
     Module.init_params = init_params
     Module.set_params = set_params
@@ -548,7 +570,9 @@ class _JoiningIter:
                 group = self._module._exec_group
                 params = dict(zip(group.param_names, group.param_arrays))
                 params.update(zip(group.aux_names, group.aux_arrays))
-                kv.join(params=params, updater=getattr(self._module, "_updater", None))
+                updater = getattr(self._module, "_updater", None)
+                kv.join(params=params,
+                        updater=ModuleStates(self._module) if updater is not None else None)
                 # every rank is here now: a write on some ranks (set_params,
                 # load_optimizer_states on rank 0 only) is named before the
                 # epoch's checkpoint, not only at the next periodic comparison

@@ -19,7 +19,7 @@ LAYERS = [
      "launch_watch", "pslite_roles", "optimizer_settings", "weight_writes"},
     {"_native", "timeline", "world", "peer_wait"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "deferred", "param_order",
-     "device_meeting",
+     "device_meeting", "module_states",
      "server_keys", "stale_grads"},
     {"modes", "trainer_plan"},
     {"kvstore", "store_calls", "store_glue", "stores", "consistency"},

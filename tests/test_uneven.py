@@ -69,3 +69,12 @@ def test_module_fit_with_uneven_shards_finishes_in_sync(mode):
     proc = run_pooled("module_uneven.py", 3, mode, timeout=120)
     sums = re.findall(r"MODULE_CHECKSUM (\S+)", proc.stdout)
     assert len(sums) == 3 and len(set(sums)) == 1, proc.stdout
+    # Ranks on 2, 1 and 3 devices: the join copied optimizer states by MXNet's
+    # number (parameter x devices + device), so a rank got another parameter's
+    # state (a shape error at the next update); and fit's end of epoch averaged
+    # the 3 devices' identical copies, moving that rank's weights by rounding.
+    # The same weights on every rank, and as with 1 device each (to rounding).
+    proc = run_pooled("module_uneven.py", 3, mode, "2,1,3", timeout=120)
+    uneven = re.findall(r"MODULE_CHECKSUM (\S+)", proc.stdout)
+    assert len(uneven) == 3 and len(set(uneven)) == 1, proc.stdout
+    assert abs(float(uneven[0]) - float(sums[0])) < 1e-6 * abs(float(sums[0])), (uneven, sums)

@@ -1,7 +1,10 @@
 """Module.fit on uneven shards (rank r has 2 + 3 r batches per epoch), as MXNet's
 fit.py gets from a RecordIO file split by bytes: with our stores fit joins at
 the end of each epoch by itself, so every rank finishes, exit 0, with the
-same weights."""
+same weights.
+
+  module_uneven.py MODE [DEVICES]   DEVICES: CPU contexts per rank, e.g. 2,1,1
+"""
 
 import sys
 
@@ -12,6 +15,7 @@ import mxnet_mpi
 
 mode = sys.argv[1]
 rank, size = mxnet_mpi.rank(), mxnet_mpi.size()
+devices = int(sys.argv[2].split(",")[rank]) if len(sys.argv) > 2 else 1
 batch, nbatches = 8, 2 + 3 * rank
 rng = np.random.RandomState(100 + rank)
 x = rng.randn(nbatches * batch, 6).astype(np.float32)
@@ -25,7 +29,7 @@ net = mx.sym.FullyConnected(net, num_hidden=4, name="fc2")
 net = mx.sym.SoftmaxOutput(net, name="softmax")
 
 mx.random.seed(1000 + rank)
-mod = mx.mod.Module(net, context=mx.cpu())
+mod = mx.mod.Module(net, context=[mx.cpu(i) for i in range(devices)])
 mod.fit(it, num_epoch=3, kvstore="mpi_" + mode, optimizer="sgd",
         optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
         initializer=mx.init.Xavier())
