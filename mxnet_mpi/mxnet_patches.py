@@ -18,6 +18,7 @@ import functools
 import os
 
 import mxnet as mx
+import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import _native, joining, report, weight_writes
@@ -390,6 +391,13 @@ MODULE_FIX = ("write them before init_optimizer (it copies rank 0's weights to e
               "then)")
 
 
+def _note_module_write(module) -> None:
+    """A Module's weights or states were written: noted on its updater, which
+    a BucketingModule's modules share (a write while one bucket is current
+    is then seen by the update of any other), else on the module."""
+    weight_writes.note(getattr(module, "_updater", None) or module)
+
+
 def _module_checks(module, kv, what: str, now: bool = False) -> None:
     """Before a Module's update: compare the ranks' optimizer settings
     (Module's rescale_grad included: agreed once, in init_optimizer) and,
@@ -400,7 +408,7 @@ def _module_checks(module, kv, what: str, now: bool = False) -> None:
     optimizer = getattr(updater, "optimizer", None)
     if optimizer is None:
         return
-    watch = getattr(module, "_mxmpi_writes", None)
+    watch = getattr(updater, "_mxmpi_writes", None)
     group = module._exec_group
     ndev = len(module._context)
 
@@ -416,7 +424,7 @@ def _module_checks(module, kv, what: str, now: bool = False) -> None:
                            else set(), whole)
     check = kv.settings_settle if now else kv.settings_check
     check(lambda: describe(optimizer, optimizer.rescale_grad),
-          lambda: watch is not None and watch.written(module, ()), after_writes)
+          lambda: watch is not None and watch.written(updater, ()), after_writes)
 
 
 def _patch_module() -> None:
@@ -445,7 +453,8 @@ def _patch_module() -> None:
         result = orig_init_optimizer(self, kvstore=kv if kv is not None else kvstore,
                                      optimizer=optimizer, optimizer_params=optimizer_params,
                                      force_init=force_init)
-        self._mxmpi_writes = weight_writes.Watch()
+        if getattr(self, "_updater", None) is not None:
+            self._updater._mxmpi_writes = weight_writes.Watch()
         return result
 
     @functools.wraps(orig_initialize)
@@ -486,7 +495,7 @@ def _patch_module() -> None:
         orig_init_params(self, *args, **kwargs)
         force = kwargs.get("force_init", args[4] if len(args) > 4 else False)
         if self.optimizer_initialized and (force or not was):
-            weight_writes.note(self)
+            _note_module_write(self)
 
     orig_set_params = Module.set_params
 
@@ -494,12 +503,12 @@ def _patch_module() -> None:
     def set_params(self, *args, **kwargs):   # allow_missing=True bypasses init_params
         orig_set_params(self, *args, **kwargs)
         if self.optimizer_initialized:
-            weight_writes.note(self)
+            _note_module_write(self)
 
     @functools.wraps(orig_load_states)
     def load_optimizer_states(self, fname):
         orig_load_states(self, fname)
-        weight_writes.note(self)
+        _note_module_write(self)
 
     @functools.wraps(orig_update_module)
     def update(self):
@@ -547,6 +556,18 @@ def _patch_module() -> None:
     module_mod._create_kvstore = _patched_create_kvstore(module_mod._create_kvstore)
 
 
+def _trained_modules(module) -> list:
+    """The Modules that Module.fit trains under `module` (a BucketingModule's
+    current one: its buckets share weights, updater and store)."""
+    if isinstance(module, mx.mod.Module):
+        return [module]
+    if isinstance(module, mx.mod.BucketingModule):
+        return [module._curr_module] if module._curr_module is not None else []
+    if isinstance(module, mx.mod.SequentialModule):
+        return [m for sub in module._modules for m in _trained_modules(sub)]
+    return []
+
+
 class _JoiningIter:
     """A Module.fit training iterator that, when this rank's epoch runs out,
     joins the module's store (uneven shards finish together, then continue
@@ -565,19 +586,33 @@ class _JoiningIter:
         try:
             return next(self._it)
         except StopIteration:
-            kv = getattr(self._module, "_kvstore", None)
-            if isinstance(kv, MPIKVStore) and kv.supports_join:
-                group = self._module._exec_group
-                params = dict(zip(group.param_names, group.param_arrays))
-                params.update(zip(group.aux_names, group.aux_arrays))
-                updater = getattr(self._module, "_updater", None)
-                kv.join(params=params,
-                        updater=ModuleStates(self._module) if updater is not None else None)
-                # every rank is here now: a write on some ranks (set_params,
-                # load_optimizer_states on rank 0 only) is named before the
-                # epoch's checkpoint, not only at the next periodic comparison
-                _module_checks(self._module, kv, "Module.fit: end of epoch", now=True)
+            self._end_of_epoch()
             raise
+
+    def _end_of_epoch(self) -> None:
+        modules = [m for m in _trained_modules(self._module)
+                   if isinstance(getattr(m, "_kvstore", None), MPIKVStore)]
+        if len(modules) > 1:
+            # each module has a store of its own, and a rank joined on one
+            # would not serve the others: one small collective, so that a rank
+            # with fewer batches is named here, not paired with the next epoch
+            modules[0]._kvstore.rank_table(
+                np.zeros(1, dtype=np.int64), "Module.fit: end of epoch (the modules of a "
+                "SequentialModule cannot join: every rank needs the same number of batches)")
+            return
+        for module in modules:
+            kv = module._kvstore
+            if not kv.supports_join:
+                continue
+            group = module._exec_group
+            params = dict(zip(group.param_names, group.param_arrays))
+            params.update(zip(group.aux_names, group.aux_arrays))
+            updater = getattr(module, "_updater", None)
+            kv.join(params=params, updater=ModuleStates(module) if updater is not None else None)
+            # every rank is here now: a write on some ranks (set_params,
+            # load_optimizer_states on rank 0 only) is named before the
+            # epoch's checkpoint, not only at the next periodic comparison
+            _module_checks(module, kv, "Module.fit: end of epoch", now=True)
 
     def __getattr__(self, name):
         return getattr(self._data, name)

@@ -3,9 +3,11 @@ process training on the concatenated batch (gradients averaged over ranks, as
 MXNet does for dist_sync in Module)."""
 
 
+import re
+
 import numpy as np
 import pytest
-from mpirun import SCRIPTS
+from mpirun import SCRIPTS, run_mpi
 from pool import run_pooled
 
 import mxnet_mpi
@@ -26,3 +28,27 @@ def test_module_fit_mpi(tmp_path, nranks):
             np.testing.assert_array_equal(ranks[r][name], ranks[0][name], err_msg=name)
         np.testing.assert_allclose(ranks[0][name], ref[name], rtol=1e-4, atol=1e-5,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["fit_uneven", "write_other", "sequential"])
+def test_bucketing_and_sequential_modules(case):
+    """BucketingModule.fit on uneven shards joins at each end of epoch, as
+    Module.fit does (it paired a rank's next epoch with the others' last, then
+    failed at the end); a set_params on one rank while a non-default bucket is
+    current is named (only the module init_optimizer ran on was watched: the
+    ranks drifted apart, exit 0); SequentialModule's modules each have a store
+    and cannot join, so uneven data is named at the first end of epoch."""
+    run = run_pooled if case == "fit_uneven" else run_mpi   # the others abort the job
+    proc = run("bucketing.py", 2, case, timeout=120, check=False,
+               env={"MXNET_MPI_STALL_ABORT_S": "60"})
+    sums = re.findall(r"rank \d CHECKSUM (\S+)", proc.stdout)
+    if case == "fit_uneven":
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert len(sums) == 2 and sums[0] == sums[1], proc.stdout
+        return
+    assert proc.returncode != 0 and not sums, proc.stdout[-3000:]
+    if case == "write_other":
+        assert "1 rank(s) wrote weights or optimizer states outside training" in proc.stderr
+    else:
+        assert "rank 0 runs #" in proc.stderr and ("'Module.fit: end of epoch (the modules of a "
+                                                  "SequentialModule cannot join") in proc.stderr
