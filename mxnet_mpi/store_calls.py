@@ -15,8 +15,9 @@ from .collectives import FLOAT_DTYPES, Call, check_array, check_same_layout, tok
 from .errors import MPIKVStoreError
 from .keys import Key, check_key
 
-SPARSE_HINT = ("; use MXNet's kvstore='dist_sync' (parameter server) for row_sparse "
-               "gradients or weights")
+SPARSE_HINT = ("; for row_sparse gradients or weights use a hybrid store "
+               "(kvstore='dist_sync_mpi': sparse ones go to its parameter servers) or MXNet's "
+               "kvstore='dist_sync'")
 
 
 def legacy_view(arr):
