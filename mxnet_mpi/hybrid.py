@@ -38,6 +38,7 @@ for and broadcasts them. Dense keys never leave MPI inside a group.
 from __future__ import annotations
 
 import collections
+import os
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
@@ -63,6 +64,7 @@ from .keys import check_key as _check_key
 from .kvstore import MPIKVStore
 from .mxnet_patches import create_inner_dist
 from .optimizer_settings import describe
+from .peer_wait import waiting_for_peers
 from .pslite_client import ServerClient, close_at_exit, open_stores, server_flight
 from .server_keys import ServerKeys
 from .store_glue import on_deferred_init
@@ -140,8 +142,18 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         self.routes: dict = {}               # key -> 'dense' or 'row_sparse' (introspection)
         self.stats: collections.Counter = collections.Counter()
         if self._is_ps_worker:
-            # Blocks until the scheduler, every server and every ps worker are up.
-            self._dist = create_inner_dist(self.dist_type)
+            # Blocks until the scheduler, every server and every ps worker are up:
+            # a scheduler that is not there (a wrong address or port, fewer
+            # servers or workers than it expects) kept it waiting for good, silently
+            with waiting_for_peers(
+                    "ps-lite's start-up (the scheduler at %s:%s, %s server(s), %s worker(s))"
+                    % tuple(os.environ.get(v, "?") for v in (
+                        "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                        "DMLC_NUM_WORKER")),
+                    "the scheduler, every server and every ps-lite worker must be up, with "
+                    "the same DMLC_* settings (python -m mxnet_mpi.launch sets them)",
+                    world.rank):
+                self._dist = create_inner_dist(self.dist_type)
         open_stores.add(self)
         close_at_exit()
 

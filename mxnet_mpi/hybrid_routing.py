@@ -72,12 +72,21 @@ class GroupRouting:
                                   "unset%s" % (self.type, ", ".join(missing),
                                                "is" if len(missing) == 1 else "are",
                                                LAUNCH_HINT))
-        role = os.environ.get("DMLC_ROLE", "worker")
+        role = os.environ.get("DMLC_ROLE")
         if role != "worker":
             raise MPIKVStoreError("kvstore '%s' runs on MPI ranks with DMLC_ROLE=worker, "
-                                  "not %r" % (self.type, role))
+                                  "not %s" % (self.type, "unset" if role is None else repr(role)))
+        # ps-lite takes these as they come: a port 'abc' or 0 servers waited for
+        # good or failed deep inside it, naming no variable
+        for name, low, high in (("DMLC_PS_ROOT_PORT", 1, 65535), ("DMLC_NUM_SERVER", 1, None),
+                                ("DMLC_NUM_WORKER", 1, None)):
+            value = os.environ[name].strip()
+            if not value.isdigit() or int(value) < low or (high and int(value) > high):
+                raise MPIKVStoreError("kvstore '%s': %s must be an integer from %d%s, got %r%s"
+                                      % (self.type, name, low, " to %d" % high if high else "",
+                                         os.environ[name], LAUNCH_HINT))
         want = expected_ps_workers(self._route_name, world_size, self._num_groups)
-        got = os.environ["DMLC_NUM_WORKER"]
+        got = os.environ["DMLC_NUM_WORKER"].strip()
         if got != str(want):
             raise MPIKVStoreError(
                 "DMLC_NUM_WORKER=%s, but route '%s' with %d group(s) of %d rank(s) has %d "

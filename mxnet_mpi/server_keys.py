@@ -13,8 +13,10 @@ only:
 - keys of the other type are numbered the same way from ``OTHER_BASE``; an
   optimizer sent to the servers afterwards has its index -> name table
   (``idx2name``, which a Module fills in the order of its str keys, MXNet's
-  own numbering) moved with them. (A Trainer's ``param_dict`` never reaches
-  MXNet's servers: Optimizer does not pickle it.)
+  own numbering) moved with them. A Trainer's ``param_dict`` never reaches
+  MXNet's servers (Optimizer does not pickle it), so the servers ignored Gluon's
+  ``lr_mult``/``wd_mult`` (as MXNet's own dist stores do): they go along in the
+  optimizer's per-index multipliers, at the servers' numbers.
 
 Like MXNet's, str numbers assume that every group initialises its str keys in
 the same order (every rank runs the same program).
@@ -68,8 +70,16 @@ class ServerKeys:
         """`optimizer` with its per-index settings at the servers' numbers (the
         same object when no key type is renumbered)."""
         str_base = self._base(str)
-        if not str_base or not optimizer.idx2name:
+        params = getattr(optimizer, "param_dict", None) or {}
+        renumber = bool(str_base and optimizer.idx2name)
+        if not renumber and not params:
             return optimizer
         moved = copy.copy(optimizer)
-        moved.idx2name = {k + str_base: v for k, v in optimizer.idx2name.items()}
+        if renumber:
+            moved.idx2name = {k + str_base: v for k, v in optimizer.idx2name.items()}
+        if params:
+            moved.lr_mult, moved.wd_mult = dict(optimizer.lr_mult), dict(optimizer.wd_mult)
+            for index, param in params.items():
+                moved.lr_mult[self.of(index)] = param.lr_mult
+                moved.wd_mult[self.of(index)] = param.wd_mult
         return moved

@@ -90,6 +90,23 @@ def test_dist_sync_mpi_matches_mpi_and_dist_sync(tmp_path):
             assert not any(k.startswith("server") for k in stats)
 
 
+
+def test_gluon_multipliers_reach_the_servers(tmp_path):
+    """Gluon's lr_mult/wd_mult live in the Trainer's param_dict, which MXNet's
+    optimizer does not pickle: the servers (update_on_kvstore, the default)
+    ignored them, as MXNet's dist stores do, so dist_sync_mpi silently left
+    the trajectory of mpi. They now reach the servers."""
+    args = ["--steps", "3", "--mults"]
+    hyb = hybrid_run(tmp_path, "hyb", "dist_sync_mpi", *args)
+    run_mpi(SCRIPT, N, "--kvstore", "mpi", "--outdir", str(tmp_path / "mpi"), *args)
+    mpi = load(tmp_path / "mpi")
+    assert_ranks_identical(hyb)
+    assert_close(hyb[0][0], mpi[0][0], "dist_sync_mpi and mpi with multipliers", rtol=1e-5,
+                 atol=1e-6)
+    weights = hyb[0][0]
+    assert (weights["s2_p1"] == weights["init_p1"]).all()   # lr_mult 0: never moves
+    assert np.abs(weights["s2_p0"] - weights["init_p0"]).max() > 1e-4
+
 @pytest.mark.parametrize("route", ["leader", "sharded"])
 def test_dist_async_mpi_trains(tmp_path, route):
     steps = 30
@@ -169,7 +186,11 @@ def test_module_fit_dist_sync_mpi(tmp_path):
 def test_misconfiguration_errors():
     proc = run_pooled(str(SCRIPTS / "hybrid_errors.py"), 2, timeout=120)
     for case, text in [("no_ps_env", "DMLC_PS_ROOT_URI"), ("no_ps_env", "mxnet_mpi.launch"),
+                       ("no_role", "runs on MPI ranks with DMLC_ROLE=worker, not unset"),
                        ("num_worker", "DMLC_NUM_WORKER=5"),
+                       ("DMLC_PS_ROOT_PORT", "DMLC_PS_ROOT_PORT must be an integer from 1 to "
+                                             "65535, got 'abc'"),
+                       ("DMLC_NUM_SERVER", "DMLC_NUM_SERVER must be an integer from 1, got '0'"),
                        ("group_size", "group size 3 (from MXNET_MPI_GROUP_SIZE) does not "
                                       "divide the world size 2"),
                        ("sharded_sync", "dist_async_mpi only"),
@@ -205,3 +226,27 @@ def test_server_keys_mix_int_and_str():
                                                                        1: "fc1_bias"}
     with pytest.raises(MPIKVStoreError, match="out of range"):
         ints.register(OTHER_BASE)
+
+
+def test_no_scheduler_at_the_address_ends_named(tmp_path):
+    """DMLC_* set by hand, with nothing listening at the scheduler's port (a
+    wrong port or host, or fewer servers or workers than the scheduler
+    expects): the ps-lite worker waited in the store's creation for good, with
+    no word when every group is one rank. Now the stall warning names ps-lite's
+    start-up and where it looks, and the job ends after the abort time."""
+    import socket
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", "DMLC_ROLE": "worker",
+           "DMLC_NODE_HOST": "127.0.0.1", "MXNET_MPI_GROUP_SIZE": "1",
+           "MXNET_MPI_STALL_WARN_S": "1", "MXNET_MPI_STALL_ABORT_S": "4"}
+    script = tmp_path / "create.py"
+    script.write_text("import mxnet as mx, mxnet_mpi\nmx.kv.create('dist_sync_mpi')\n"
+                      "print('CREATED')\n")
+    proc = run_mpi(str(script), 2, env=env, timeout=90, check=False)
+    assert proc.returncode != 0 and "CREATED" not in proc.stdout
+    where = "ps-lite's start-up (the scheduler at 127.0.0.1:%d, 1 server(s), 2 worker(s))" % port
+    assert "stall warning: " + where in proc.stderr, proc.stderr[-3000:]
+    assert where + " has waited more than MXNET_MPI_STALL_ABORT_S=4 s" in proc.stderr

@@ -31,7 +31,14 @@ rank, size = mxnet_mpi.rank(), mxnet_mpi.size()
 attempt("no_ps_env", lambda: trainer("dist_sync_mpi"))
 os.environ.update(PS_ENV)
 os.environ["DMLC_NUM_WORKER"] = "5"
+attempt("no_role", lambda: mx.kv.create("dist_async_mpi"))   # MXNet's own check failed deep
+os.environ["DMLC_ROLE"] = "worker"
 attempt("num_worker", lambda: mx.kv.create("dist_async_mpi"))
+# ps-lite waited for good on a port 'abc' and failed deep inside on 0 servers
+for name, value in (("DMLC_PS_ROOT_PORT", "abc"), ("DMLC_NUM_SERVER", "0")):
+    good, os.environ[name] = os.environ[name], value
+    attempt(name, lambda: mx.kv.create("dist_sync_mpi"))
+    os.environ[name] = good
 os.environ["MXNET_MPI_GROUP_SIZE"] = str(size + 1)
 attempt("group_size", lambda: mx.kv.create("dist_sync_mpi"))
 os.environ["MXNET_MPI_GROUP_SIZE"] = "1"

@@ -36,6 +36,8 @@ ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--lr", type=float, default=0.1)
 ap.add_argument("--outdir", required=True)
 ap.add_argument("--same-seed", action="store_true", help="all ranks init identically")
+ap.add_argument("--mults", action="store_true",
+                help="Gluon lr_mult/wd_mult on some parameters (dense model)")
 ap.add_argument("--separable", action="store_true",
                 help="labels from a fixed linear rule (learnable: for loss thresholds)")
 args = ap.parse_args()
@@ -79,6 +81,9 @@ else:
             gluon.nn.Dense(3, in_units=8))
 net.initialize(mx.init.Uniform(0.5))
 params = net.collect_params()
+if args.mults:   # dense0_weight slower, dense0_bias frozen by its rate, dense1_bias decayed more
+    plist = list(params.values())
+    plist[0].lr_mult, plist[1].lr_mult, plist[3].wd_mult = 0.3, 0.0, 50.0
 opt_params = {"learning_rate": args.lr, "momentum": 0.9, "wd": 1e-3}
 step_batch = args.batch
 if args.model == "sparse_weight":
