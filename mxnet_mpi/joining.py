@@ -11,6 +11,7 @@ on the store, and whatever params/updater the caller gives.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
@@ -19,6 +20,7 @@ import mxnet as mx
 import numpy as np
 
 from . import _native
+from .collectives import stream_for
 from .deferred import settle_deferred
 from .errors import MPIKVStoreError
 
@@ -127,6 +129,42 @@ def broadcast_states(store, root: int, updater) -> None:
         updater._optimizer.param_dict = {i: p for i, p in enumerate(updater._params)}
 
 
+_free = {"thread": None, "error": None}
+_free_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _free_functions_joined(store):
+    """Around a join of a store over the whole world: join the free functions'
+    store (mxnet_mpi.allreduce_ and friends) too, so that a peer still
+    training that logs a metric with them is served (zeros from this rank)
+    rather than left waiting for the stall abort. Every join round of every
+    rank does it, once however many stores that round joins."""
+    free = stream_for(None)
+    with _free_lock:
+        owner = (store.stream.comm.size == free.comm.size > 1
+                 and _free["thread"] is None)
+        if owner:
+            def run() -> None:
+                try:
+                    free.join()
+                except Exception as exc:  # noqa: BLE001  (re-raised by the owner)
+                    _free["error"] = exc
+            _free["error"] = None
+            _free["thread"] = threading.Thread(target=run, daemon=True,
+                                               name="mxnet_mpi join (free functions)")
+            _free["thread"].start()
+    try:
+        yield
+    finally:
+        if owner:
+            _free["thread"].join()
+            with _free_lock:
+                _free["thread"], error = None, _free["error"]
+            if error is not None:
+                raise error
+
+
 def join_store(store, params=None, updater=None) -> int:
     """See MPIKVStore.join."""
     issued = store.stream.info()[0]
@@ -140,7 +178,8 @@ def join_store(store, params=None, updater=None) -> int:
                       "Give the layers their input sizes (e.g. Dense(..., in_units=...)) or "
                       "run one forward pass on every rank before training", RuntimeWarning,
                       stacklevel=4)
-    store.stream.join()
+    with _free_functions_joined(store):
+        store.stream.join()
     counts = issued_per_rank(store, issued)
     root = int(np.argmax(counts))  # the latest state; the lowest such rank
     if counts.min() != counts.max():  # some rank skipped updates: copy the latest

@@ -2,7 +2,8 @@
 
   mpirun -np N python uneven.py MODE SCENARIO
 
-join      rank r trains 2 + 3 r steps (SGD with momentum), then calls
+join      rank r trains 2 + 3 r steps (SGD with momentum), counting the ranks
+          with data by mxnet_mpi.allreduce_ at each, then calls
           mxnet_mpi.join(trainer). Every rank must end with the weights of a
           single process that, at each step, sums the gradients of the ranks
           that still had data (the joined ones contribute nothing), and with the
@@ -85,6 +86,13 @@ for step in range(STEPS[RANK]):
         loss = loss_of(net, x, y)
     loss.backward()
     trainer.step(BATCH)
+    if scenario != "no_join":
+        # a metric through the free functions: the ranks that joined already
+        # serve it with zeros (they left it waiting for the stall abort)
+        metric = mx.nd.array([1.0])
+        mxnet_mpi.allreduce_(metric, name="ranks with data")
+        with_data = sum(1 for r in range(SIZE) if STEPS[r] > step)
+        assert metric.asscalar() == with_data, (step, metric.asscalar(), with_data)
 mx.nd.waitall()
 if scenario == "no_join":
     print("rank %d ends its program at %.3f" % (RANK, time.time()), flush=True)
