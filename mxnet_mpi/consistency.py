@@ -228,13 +228,20 @@ def check_after_writes(weights: list, optimizer, updater,
     bad = rows.differing()
     if not bad:
         return
+    if any(labels[j].startswith("the optimizer") for j in bad):
+        # a broadcast of the weights (the usual `fix`) leaves the states apart
+        remedy = ("load the same files on every rank (Trainer.load_states, "
+                  "Module.load_optimizer_states; check_consistency(action='broadcast') copies "
+                  "weights, not optimizer states)")
+    else:
+        remedy = "(load the same files on every rank), or %s" % fix
     raise MPIKVStoreError(
         "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training (%s), "
         "and now the ranks differ in %d of them: first %s, where rank(s) %s differ from rank "
         "%d. Each rank updates its own copy, so they would drift apart; %s. Write them alike "
-        "on every rank (load the same files on every rank), or %s"
+        "on every rank %s"
         % (what, writers, WRITES, len(bad), labels[bad[0]],
-           ", ".join(map(str, rows.ranks_differing(bad[0]))), rows.ranks[0], outcome, fix))
+           ", ".join(map(str, rows.ranks_differing(bad[0]))), rows.ranks[0], outcome, remedy))
 
 
 class PeriodicCheck:
