@@ -168,7 +168,11 @@ WRITES = ("set_data, load_parameters, initialize(force_reinit=True), Trainer.loa
 def _state_digest(optimizer, updater, index: int) -> int:
     """A 62-bit hash of parameter `index`'s optimizer state and update count."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(repr(optimizer._index_update_count.get(index)).encode())
+    # MXNet counts per device id and `_index_update_count` is the table of the
+    # device updated last, which depends on the rank's devices: the count of
+    # `index` in whichever table holds it
+    tables = optimizer._all_index_update_counts.values()
+    h.update(repr(max((t[index] for t in tables if index in t), default=None)).encode())
     pending = [updater.states.get(index) if updater is not None else None]
     while pending:
         item = pending.pop()
@@ -230,7 +234,7 @@ def check_after_writes(weights: list, optimizer, updater,
         return
     if any(labels[j].startswith("the optimizer") for j in bad):
         # a broadcast of the weights (the usual `fix`) leaves the states apart
-        remedy = ("load the same files on every rank (Trainer.load_states, "
+        remedy = (": load the same files on every rank (Trainer.load_states, "
                   "Module.load_optimizer_states; check_consistency(action='broadcast') copies "
                   "weights, not optimizer states)")
     else:

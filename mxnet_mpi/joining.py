@@ -23,6 +23,7 @@ from . import _native
 from .collectives import stream_for
 from .deferred import settle_deferred
 from .errors import MPIKVStoreError
+from .module_states import counts_by_index, set_counts
 
 
 def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = False) -> None:
@@ -127,6 +128,12 @@ def broadcast_states(store, root: int, updater) -> None:
     if isinstance(updater, mx.gluon.Trainer):
         updater._optimizer = ups[0].optimizer
         updater._optimizer.param_dict = {i: p for i, p in enumerate(updater._params)}
+        # the root's count tables are those of its device ids: a device of this
+        # rank the root does not have would count from 0 again (Adam's bias
+        # correction apart from its other copies)
+        counts = counts_by_index(updater._optimizer)
+        set_counts(updater._optimizer, [c.device_id for c in updater._contexts],
+                   lambda _k: dict(counts))
 
 
 _free = {"thread": None, "error": None}

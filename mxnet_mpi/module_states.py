@@ -7,7 +7,10 @@ rank's states to another by number (join() at the end of an uneven epoch)
 gave a parameter another parameter's state: a crash in the next update, or
 a wrong state. ModuleStates is the updater that join() sees: parameter i's
 states (those of device 0: every device applies the same reduced gradient
-to the same weights), spread over this rank's own devices when set.
+to the same weights), spread over this rank's own devices when set. The
+optimizer's update counts (Adam's step number) are kept per device id; they
+are spread over this rank's devices the same way (counts_by_index,
+set_counts: a Gluon Trainer's join needs that too).
 """
 
 from __future__ import annotations
@@ -16,6 +19,26 @@ import copy
 import pickle
 
 import mxnet as mx
+
+
+def counts_by_index(optimizer, index_of=lambda idx: idx) -> dict:
+    """The optimizer's update count of each parameter, keyed by
+    `index_of(MXNet's index)`. MXNet keeps one count table per device id
+    (``_all_index_update_counts``); every device counts alike, so the largest
+    over the tables is the count (a table a device never used has none)."""
+    out: dict = {}
+    for table in optimizer._all_index_update_counts.values():
+        for index, count in table.items():
+            key = index_of(index)
+            out[key] = max(out.get(key, 0), count)
+    return out
+
+
+def set_counts(optimizer, device_ids: list, table_of) -> None:
+    """Give each device id of `device_ids` (in order) the count table
+    `table_of(k)` for its position k."""
+    optimizer._all_index_update_counts = {d: table_of(k) for k, d in enumerate(device_ids)}
+    optimizer._index_update_count = optimizer._all_index_update_counts[device_ids[0]]
 
 
 def _copied(state):
@@ -49,9 +72,8 @@ class ModuleStates:
         if not dump_optimizer:
             return pickle.dumps(states)
         opt = copy.copy(self._updater.optimizer)   # its dicts replaced, not changed
-        opt._index_update_count = {i // n: c for i, c in opt._index_update_count.items()
-                                   if i % n == 0}
-        opt._all_index_update_counts = {0: opt._index_update_count}
+        set_counts(opt, [0], lambda _k: counts_by_index(self._updater.optimizer,
+                                                       lambda i: i // n))
         return pickle.dumps((states, opt))
 
     def set_states(self, blob: bytes) -> None:
@@ -62,9 +84,8 @@ class ModuleStates:
                                 for i, s in states.items() for k in range(n)}
         self._updater.states_synced = dict.fromkeys(self._updater.states, False)
         if opt is not None:
-            counts = {i * n + k: c for i, c in opt._index_update_count.items()
-                      for k in range(n)}
-            opt._index_update_count = counts
-            opt._all_index_update_counts = {0: counts}
+            counts = counts_by_index(opt)
+            set_counts(opt, [c.device_id for c in self._module._context],
+                       lambda k: {i * n + k: c for i, c in counts.items()})
             opt.idx2name = dict(self._updater.optimizer.idx2name)   # this rank's numbering
             self.optimizer = opt

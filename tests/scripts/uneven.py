@@ -17,6 +17,10 @@ join_zero, join_zero_all
           as join and join_all, but rank 1 has no batch at all (its Trainer
           never stepped); with join_zero_all the layer's input size is
           inferred at the first forward, which rank 1 never runs
+join_devices
+          as join, with Adam, rank 0 (fewest steps) on 2 devices: the root's
+          update-count tables are per device id, so rank 0's second device
+          counted from 0 again after the join (Adam apart between its copies)
 join_zero_root
           as join_zero_all with rank 0 the one with no batch: the others
           take the deferred weights from rank 0 at their first forward, which
@@ -39,6 +43,9 @@ ZERO = 0 if scenario == "join_zero_root" else 1   # the rank with no batch at al
 STEPS = [0 if r == ZERO and scenario.startswith("join_zero") else 2 + 3 * r for r in range(SIZE)]
 DEFERRED = scenario in ("join_zero_all", "join_zero_root")
 BATCH = 4
+OPT = ("adam", {"learning_rate": 0.05}) if scenario == "join_devices" else \
+    ("sgd", {"learning_rate": 0.05, "momentum": 0.9})
+CONTEXTS = [mx.cpu(0), mx.cpu(1)] if scenario == "join_devices" and RANK == 0 else [mx.cpu()]
 
 
 def batch(r: int, step: int):
@@ -46,10 +53,20 @@ def batch(r: int, step: int):
     return mx.nd.array(rng.randn(BATCH, 5)), mx.nd.array(rng.randn(BATCH, 2))
 
 
-def model():
+def model(contexts=(mx.cpu(),)):
     net = mx.gluon.nn.Dense(2, in_units=0 if DEFERRED else 5)
-    net.initialize(mx.init.Constant(0.1))
+    net.initialize(mx.init.Constant(0.1), ctx=list(contexts))
     return net
+
+
+def backward(net, x, y) -> None:
+    """The loss of batch (x, y) split over the net's devices, backpropagated."""
+    contexts = net.weight.list_ctx()
+    xs = mx.gluon.utils.split_and_load(x, contexts)
+    ys = mx.gluon.utils.split_and_load(y, contexts)
+    with mx.autograd.record():
+        losses = [loss_of(net, a, b) for a, b in zip(xs, ys)]
+    mx.autograd.backward(losses)
 
 
 def loss_of(net, x, y):
@@ -61,8 +78,7 @@ def reference(extra_step: bool) -> np.ndarray:
     net = model()
     for p in net.collect_params().values():
         p.grad_req = "add"
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
-                               {"learning_rate": 0.05, "momentum": 0.9})
+    trainer = mx.gluon.Trainer(net.collect_params(), OPT[0], dict(OPT[1]))
     for step in range(max(STEPS) + (1 if extra_step else 0)):
         for p in net.collect_params().values():
             p.zero_grad()
@@ -76,15 +92,11 @@ def reference(extra_step: bool) -> np.ndarray:
     return net.weight.data().asnumpy()
 
 
-net = model()
+net = model(CONTEXTS)
 store = mx.kv.create("mpi_" + mode) if scenario == "join_kv" else "mpi_" + mode
-trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9},
-                           kvstore=store)
+trainer = mx.gluon.Trainer(net.collect_params(), OPT[0], dict(OPT[1]), kvstore=store)
 for step in range(STEPS[RANK]):
-    x, y = batch(RANK, step)
-    with mx.autograd.record():
-        loss = loss_of(net, x, y)
-    loss.backward()
+    backward(net, *batch(RANK, step))
     trainer.step(BATCH)
     if scenario != "no_join":
         # a metric through the free functions: the ranks that joined already
@@ -97,7 +109,7 @@ mx.nd.waitall()
 if scenario == "no_join":
     print("rank %d ends its program at %.3f" % (RANK, time.time()), flush=True)
     sys.exit(0)
-if scenario in ("join", "join_zero"):
+if scenario in ("join", "join_zero", "join_devices"):
     root = mxnet_mpi.join(trainer)
 elif scenario == "join_kv":
     root = store.join()
@@ -105,15 +117,14 @@ else:
     root = mxnet_mpi.join()
 # One more step on every rank: equal optimizer states give equal weights.
 step = max(STEPS)
-x, y = batch(RANK, step)
-with mx.autograd.record():
-    loss = loss_of(net, x, y)
-loss.backward()
+backward(net, *batch(RANK, step))
 trainer.step(BATCH)
-got = net.weight.data().asnumpy()
+copies = [a.asnumpy() for a in net.weight.list_data()]
+got = copies[0]
 want = reference(extra_step=True)
 print("rank %d root %d maxdiff %.3g checksum %.9g" % (RANK, root, np.abs(got - want).max(),
                                                       got.sum()), flush=True)
 assert root == SIZE - 1, root
 assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+assert all((c == got).all() for c in copies), copies   # every device alike
 print("rank %d JOIN OK" % RANK, flush=True)
