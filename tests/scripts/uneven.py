@@ -53,9 +53,9 @@ def batch(r: int, step: int):
     return mx.nd.array(rng.randn(BATCH, 5)), mx.nd.array(rng.randn(BATCH, 2))
 
 
-def model(contexts=(mx.cpu(),)):
+def model(contexts=None):
     net = mx.gluon.nn.Dense(2, in_units=0 if DEFERRED else 5)
-    net.initialize(mx.init.Constant(0.1), ctx=list(contexts))
+    net.initialize(mx.init.Constant(0.1), ctx=list(contexts or [mx.cpu()]))
     return net
 
 
