@@ -570,8 +570,16 @@ def _scale(tensor, factor) -> None:
     factor = float(factor)
     if factor == 1.0:
         return
-    if _is_integer(tensor):
-        tensor[:] = (tensor.astype("float64") * factor).astype(tensor.dtype)
+    if _is_integer(tensor) or tensor.dtype == np.float64:
+        # MXNet's scalar operators take the factor in float32 (0.3 / 3 became
+        # 0.1, so a sum of 10 averaged with postscale 0.3 gave 1 where Horovod
+        # gives 0): multiply by a float64 array instead
+        f = mx.nd.array([factor], dtype="float64", ctx=tensor.context)
+        f = f.reshape((1,) * tensor.ndim)
+        if _is_integer(tensor):
+            tensor[:] = mx.nd.broadcast_mul(tensor.astype("float64"), f).astype(tensor.dtype)
+        else:
+            tensor[:] = mx.nd.broadcast_mul(tensor, f)
     else:
         tensor *= factor
 

@@ -170,6 +170,14 @@ def sec_reductions(res: Results) -> None:
     res.equal(hvd.allreduce(k, op=hvd.Sum, prescale_factor=0.5),
               sum(scaled(base * (r + 1), 0.5) for r in range(N)), "int32 prescale 0.5")
     res.equal(hvd.allreduce(k), scaled(ksum, 1.0 / N), "int32 average")
+    # factors in double precision, as Horovod's: MXNet's scalar operators round
+    # them to float32 (0.3 / 3 became 0.1: on 3 ranks 60 * 0.1 gave 6, not 5)
+    res.equal(hvd.allreduce(k, postscale_factor=0.3), scaled(ksum, 0.3 / N),
+              "int32 average postscale 0.3")
+    d = mx.nd.array(data(R, (5,), "float64"), dtype="float64")
+    dsum = sum(data(r, (5,), "float64") for r in range(N))
+    res.equal(hvd.allreduce(d, op=hvd.Sum, postscale_factor=1.0 / 3), dsum * (1.0 / 3),
+              "float64 postscale 1/3, exactly")
     u = mx.nd.array(base * 0 + 7, dtype="uint8")
     res.equal(hvd.allreduce(u, op=hvd.Sum, postscale_factor=0.3),
               np.full((4,), int(7 * N * 0.3), np.uint8), "uint8 postscale 0.3")
