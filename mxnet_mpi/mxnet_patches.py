@@ -529,8 +529,9 @@ def _patch_module() -> None:
 
     @functools.wraps(orig_sync)
     def _sync_params_from_devices(self):
-        if not isinstance(self._kvstore, MPIKVStore):
-            return orig_sync(self)
+        if not isinstance(self._kvstore, MPIKVStore) or any(
+                a.stype != "default" for a in self._arg_params.values()):
+            return orig_sync(self)   # row_sparse weights: pulled from the servers there
         # MXNet averages the devices' copies of each weight; on our stores they
         # are identical, and (3a)/3 need not be a: on 3 devices Module.fit's
         # end of epoch (get_params, then set_params) moved a rank's weights by
