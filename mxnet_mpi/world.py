@@ -133,6 +133,9 @@ def init() -> Communicator:
             if error == SETTINGS_DIFFER:
                 error = settings.disagreement(_agreed_table(len(agreed))) + (
                     "; MPI cannot be used in this process any more")
+            # where MPI is up (mpi4py started it), let go of it before mpi4py
+            # finalises it at exit (no-op where it never started)
+            atexit.register(LIB.mxmpi_python_exit)
             _state.init_error = error
             raise MPIKVStoreError(error)
         provided, rank, size, local_rank, local_size = (o.value for o in out)

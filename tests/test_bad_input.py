@@ -141,6 +141,19 @@ def test_ranks_started_with_different_settings_are_told_why():
         assert "MXNET_MPI_FUSION_BYTES" not in ln, ln   # the same on both
 
 
+def test_different_settings_after_mpi4py_started_mpi_end_cleanly():
+    """mpi4py started MPI, then the settings were found to differ: mpi4py
+    finalised MPI at exit under the library, which still held it (Open MPI's
+    'called after MPI_FINALIZE' abort, exit status 14)."""
+    probe = "from mpi4py import MPI\n" + START_PROBE
+    cmd = [MPIRUN, "-np", "1", sys.executable, "-c", probe, ":", "-np", "1",
+           "-x", "MXNET_MPI_AVERAGE=1", sys.executable, "-c", probe]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("MXNET_MPI_AVERAGE is 0 on rank 0; 1 on rank 1") == 4, proc.stdout
+    assert "after MPI_FINALIZE" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_heartbeat_period_on_one_rank_only_is_named():
     """MXNET_MPI_HEALTH_INTERVAL_S=0 (the watchdog off) on one rank only: that
     rank skipped the creation of the heartbeat communicator and every rank hung
