@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import warnings
 from typing import Sequence
 
 import mxnet as mx
@@ -117,6 +118,27 @@ def token_call(op: int, dtype, shapes: Sequence, desc: str, label: str, reason: 
                 name=name)
 
 
+_creators: dict = {}   # name of the Python thread that created the last store
+
+
+def _note_creator(name: str) -> None:
+    """Ranks pair stores by the order they are created: from two Python threads
+    that order can differ between ranks, pairing two models of the same shapes
+    with no error (docs/store.md#threads). Say so once."""
+    thread = threading.current_thread()
+    if isinstance(thread, threading._DummyThread):   # MXNet's own threads (SyncBatchNorm)
+        return
+    last = _creators.get("last")
+    _creators["last"] = thread.name
+    if last is not None and last != thread.name and not _creators.get("warned"):
+        _creators["warned"] = True
+        warnings.warn("mxnet_mpi: store %r is created from thread %r, an earlier one from %r: "
+                      "ranks pair stores by the order they are created, which threads can make "
+                      "differ between ranks; create every store from one thread "
+                      "(docs/store.md#threads)" % (name, thread.name, last), RuntimeWarning,
+                      stacklevel=4)
+
+
 class Stream:
     """A native store: collectives over a private duplicate of a communicator,
     run in push order (see kvstore/store.h for the three kinds)."""
@@ -135,6 +157,7 @@ class Stream:
         if store_id is not None:
             self.id = store_id
             return
+        _note_creator(name)
         out = ctypes.c_int()
         opts = {**settings.store_options(), **options}
         with waiting_for_peers("creating store %r" % name, "every rank of its communicator "

@@ -211,3 +211,20 @@ def test_ranks_that_create_different_stores_are_told_at_once():
         assert "rank 0 funneled chunk_bytes=" in r["settings"], r
         assert "rank 1 funneled chunk_bytes=65536" in r["settings"], r
         assert r["exact_after"], r
+
+
+def test_stores_created_from_two_threads_are_warned_about():
+    """Ranks pair stores by creation order, which threads can make differ
+    between ranks (two models of the same shapes then paired silently): a
+    store created from another thread than the last is warned about, once."""
+    probe = ("import threading, mxnet as mx, mxnet_mpi\n"
+             "mx.kv.create('mpi')\n"
+             "t = threading.Thread(target=lambda: mx.kv.create('mpi'), name='loader')\n"
+             "t.start(); t.join()\n"
+             "mx.kv.create('mpi')\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=mpi_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("is created from thread 'loader', an earlier one from "
+                             "'MainThread'") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("RuntimeWarning: mxnet_mpi: store") == 1, proc.stderr[-3000:]
