@@ -23,6 +23,8 @@ import contextlib
 import functools
 import inspect
 import numbers
+import threading
+import warnings
 from typing import Sequence
 
 import mxnet as mx
@@ -69,6 +71,27 @@ def _check_args(name, priority) -> None:
         raise MPIKVStoreError("name must be a string or None, got %s" % type(name).__name__)
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise MPIKVStoreError("priority must be an integer, got %s" % type(priority).__name__)
+    if name is None:
+        _note_unnamed_thread()
+
+
+_unnamed: dict = {}   # the Python thread that issued unnamed collectives
+
+
+def _note_unnamed_thread() -> None:
+    """Unnamed collectives of the same shape from two threads pair by the order
+    each rank happened to push them, silently mixing the threads' values;
+    names make the ranks compare them (docs/store.md#threads). Say so once."""
+    thread = threading.current_thread()
+    if isinstance(thread, threading._DummyThread):   # MXNet's own threads
+        return
+    first = _unnamed.setdefault("thread", thread.name)
+    if first != thread.name and not _unnamed.get("warned"):
+        _unnamed["warned"] = True
+        warnings.warn("mxnet_mpi: collectives without name= are issued from threads %r and %r: "
+                      "ranks pair them by the order they were pushed, which threads can make "
+                      "differ between ranks; give each a name= (docs/store.md#threads)"
+                      % (first, thread.name), RuntimeWarning, stacklevel=4)
 
 
 def _old_spelling(verb: str, arg) -> None:

@@ -228,3 +228,25 @@ def test_stores_created_from_two_threads_are_warned_about():
     assert proc.stderr.count("is created from thread 'loader', an earlier one from "
                              "'MainThread'") == 1, proc.stderr[-3000:]
     assert proc.stderr.count("RuntimeWarning: mxnet_mpi: store") == 1, proc.stderr[-3000:]
+
+
+def test_unnamed_collectives_from_two_threads_are_warned_about():
+    """Unnamed free-function collectives of one shape from two threads (two
+    metric loggers) pair by push order, which differs between ranks: their
+    sums mixed the threads' values with no error. Warned about, once; named
+    ones are compared by the ranks and pass silently."""
+    probe = ("import threading, mxnet as mx, mxnet_mpi\n"
+             "a = mx.nd.ones((1,))\n"
+             "mxnet_mpi.allreduce_(a, name='loss')\n"
+             "t = threading.Thread(target=lambda: mxnet_mpi.allreduce_(a, name='acc'), "
+             "name='acc-logger')\n"
+             "t.start(); t.join()\n"
+             "mxnet_mpi.allreduce_(a)\n"
+             "t = threading.Thread(target=lambda: mxnet_mpi.allreduce_(a), name='logger')\n"
+             "t.start(); t.join()\n"
+             "mxnet_mpi.allreduce_(a)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=mpi_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("collectives without name= are issued from threads 'MainThread' "
+                             "and 'logger'") == 1, proc.stderr[-3000:]
