@@ -178,6 +178,13 @@ def sec_reductions(res: Results) -> None:
     dsum = sum(data(r, (5,), "float64") for r in range(N))
     res.equal(hvd.allreduce(d, op=hvd.Sum, postscale_factor=1.0 / 3), dsum * (1.0 / 3),
               "float64 postscale 1/3, exactly")
+    # float16 in float32, rounded once (as Horovod): the factor cast to half
+    # first (1e-3 -> 0.0010004) gave 10.008 for 10000
+    h0 = np.array([3334, 10000, 1], dtype=np.float16)
+    h = mx.nd.array(h0 if R == 0 else h0 * 0, dtype="float16")
+    res.equal(hvd.allreduce(h, op=hvd.Sum, postscale_factor=1e-3),
+              (h0.astype(np.float32) * np.float32(1e-3)).astype(np.float16),
+              "float16 postscale 1e-3")
     u = mx.nd.array(base * 0 + 7, dtype="uint8")
     res.equal(hvd.allreduce(u, op=hvd.Sum, postscale_factor=0.3),
               np.full((4,), int(7 * N * 0.3), np.uint8), "uint8 postscale 0.3")
