@@ -23,7 +23,7 @@ from . import _native
 from .collectives import stream_for
 from .deferred import settle_deferred
 from .errors import MPIKVStoreError
-from .module_states import counts_by_index, set_counts
+from .module_states import spread_counts
 
 
 def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = False) -> None:
@@ -126,14 +126,20 @@ def broadcast_states(store, root: int, updater) -> None:
         up.set_states(states)
         up.optimizer = ups[0].optimizer
     if isinstance(updater, mx.gluon.Trainer):
+        own, loaded = updater._optimizer, ups[0].optimizer
+        if type(own) is type(loaded):
+            # the root's settings and counts into the Trainer's own optimizer:
+            # a program holding it (opt.set_learning_rate after each epoch)
+            # changed a copy no rank used any more, and its ranks differed
+            own.__dict__.update(loaded.__dict__)
+            for up in ups:
+                up.optimizer = own
         updater._optimizer = ups[0].optimizer
         updater._optimizer.param_dict = {i: p for i, p in enumerate(updater._params)}
         # the root's count tables are those of its device ids: a device of this
         # rank the root does not have would count from 0 again (Adam's bias
         # correction apart from its other copies)
-        counts = counts_by_index(updater._optimizer)
-        set_counts(updater._optimizer, [c.device_id for c in updater._contexts],
-                   lambda _k: dict(counts))
+        spread_counts(updater._optimizer, updater._contexts)
 
 
 _free = {"thread": None, "error": None}

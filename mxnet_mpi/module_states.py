@@ -41,6 +41,14 @@ def set_counts(optimizer, device_ids: list, table_of) -> None:
     optimizer._index_update_count = optimizer._all_index_update_counts[device_ids[0]]
 
 
+def spread_counts(optimizer, contexts: list) -> None:
+    """Every device of `contexts` counts each parameter's updates as the
+    optimizer's tables do (a Trainer's numbering: the same index on every
+    device), after states from another rank or a file replaced them."""
+    counts = counts_by_index(optimizer)
+    set_counts(optimizer, [c.device_id for c in contexts], lambda _k: dict(counts))
+
+
 def _copied(state):
     if isinstance(state, mx.nd.NDArray):
         return state.copy()

@@ -26,7 +26,7 @@ from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
-from .module_states import ModuleStates
+from .module_states import ModuleStates, spread_counts
 from .optimizer_settings import describe, describe_params
 from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
@@ -372,6 +372,11 @@ def _patch_trainer() -> None:
     @functools.wraps(orig_load_states)
     def load_states(self, fname):
         orig_load_states(self, fname)
+        if _store_of(self) is not None and not self._update_on_kvstore:
+            # the file's count tables are those of the saving rank's device
+            # ids: a device it did not have counted from 0 again (Adam's step
+            # apart from the rank's other copies, and its gradient in the sum)
+            spread_counts(self._optimizer, self._contexts)
         weight_writes.note(self)
 
     Trainer.__init__ = __init__

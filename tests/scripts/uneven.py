@@ -29,6 +29,7 @@ join_zero_root
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -94,7 +95,11 @@ def reference(extra_step: bool) -> np.ndarray:
 
 net = model(CONTEXTS)
 store = mx.kv.create("mpi_" + mode) if scenario == "join_kv" else "mpi_" + mode
-trainer = mx.gluon.Trainer(net.collect_params(), OPT[0], dict(OPT[1]), kvstore=store)
+# join_devices: the Trainer gets an optimizer object, which the program may
+# keep using after a join (it was replaced by a copy on the ranks not the root)
+optimizer = mx.optimizer.create(OPT[0], **OPT[1]) if scenario == "join_devices" else OPT[0]
+trainer = mx.gluon.Trainer(net.collect_params(), optimizer,
+                           None if scenario == "join_devices" else dict(OPT[1]), kvstore=store)
 for step in range(STEPS[RANK]):
     backward(net, *batch(RANK, step))
     trainer.step(BATCH)
@@ -115,6 +120,18 @@ elif scenario == "join_kv":
     root = store.join()
 else:
     root = mxnet_mpi.join()
+if scenario == "join_devices":
+    assert trainer._optimizer is optimizer, "join replaced the Trainer's optimizer object"
+    # the last rank (one device) saves, every rank loads: the file's update
+    # counts are for one device id, and rank 0's second device counted from 0
+    path = "/tmp/mxmpi-uneven-states-%d" % os.getppid()   # the ranks' launcher
+    if RANK == SIZE - 1:
+        trainer.save_states(path)
+    mxnet_mpi.allreduce_(mx.nd.ones((1,)), name="states saved").wait_to_read()
+    trainer.load_states(path)
+    mxnet_mpi.allreduce_(mx.nd.ones((1,)), name="states loaded").wait_to_read()
+    if RANK == SIZE - 1:
+        os.remove(path)
 # One more step on every rank: equal optimizer states give equal weights.
 step = max(STEPS)
 backward(net, *batch(RANK, step))
