@@ -213,6 +213,14 @@ def test_ranks_that_create_different_stores_are_told_at_once():
         assert r["exact_after"], r
 
 
+def one_process_stderr(probe: str) -> str:
+    """stderr of `probe` run by python (a world of one rank), which must exit 0."""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=mpi_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
 def test_stores_created_from_two_threads_are_warned_about():
     """Ranks pair stores by creation order, which threads can make differ
     between ranks (two models of the same shapes then paired silently): a
@@ -222,12 +230,10 @@ def test_stores_created_from_two_threads_are_warned_about():
              "t = threading.Thread(target=lambda: mx.kv.create('mpi'), name='loader')\n"
              "t.start(); t.join()\n"
              "mx.kv.create('mpi')\n")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=mpi_env(), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("is created from thread 'loader', an earlier one from "
-                             "'MainThread'") == 1, proc.stderr[-3000:]
-    assert proc.stderr.count("RuntimeWarning: mxnet_mpi: store") == 1, proc.stderr[-3000:]
+    err = one_process_stderr(probe)
+    assert err.count("is created from thread 'loader', an earlier one from 'MainThread'") == 1, \
+        err[-3000:]
+    assert err.count("RuntimeWarning: mxnet_mpi: store") == 1, err[-3000:]
 
 
 def test_unnamed_collectives_from_two_threads_are_warned_about():
@@ -245,8 +251,6 @@ def test_unnamed_collectives_from_two_threads_are_warned_about():
              "t = threading.Thread(target=lambda: mxnet_mpi.allreduce_(a), name='logger')\n"
              "t.start(); t.join()\n"
              "mxnet_mpi.allreduce_(a)\n")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=mpi_env(), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("collectives without name= are issued from threads 'MainThread' "
-                             "and 'logger'") == 1, proc.stderr[-3000:]
+    err = one_process_stderr(probe)
+    assert err.count("collectives without name= are issued from threads 'MainThread' and "
+                     "'logger'") == 1, err[-3000:]
