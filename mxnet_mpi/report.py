@@ -40,7 +40,7 @@ def rank_from_env() -> int | None:
 def size_from_env() -> int | None:
     """The number of ranks in this process's job as mpirun set it (None: not
     started by an MPI launcher)."""
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"):
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):   # as the hook's
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)

@@ -67,8 +67,8 @@ class ServerKeys:
         return index
 
     def optimizer(self, optimizer):
-        """`optimizer` with its per-index settings at the servers' numbers (the
-        same object when no key type is renumbered)."""
+        """`optimizer` with its per-index settings at the servers' numbers and a
+        Trainer's multipliers by index (the same object when there is neither)."""
         str_base = self._base(str)
         params = getattr(optimizer, "param_dict", None) or {}
         renumber = bool(str_base and optimizer.idx2name)
