@@ -24,6 +24,7 @@ global batch (Goyal et al., "Accurate, Large Minibatch SGD", 2017).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -43,6 +44,28 @@ KEY_BASE = 1 << 16
 IMAGENET_TRAIN_IMAGES = 1281167
 
 
+def _count(low: int):
+    """An argparse type: an integer >= `low`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("not an integer: %r" % text) from None
+        if value < low:
+            raise argparse.ArgumentTypeError("must be >= %d, got %d" % (low, value))
+        return value
+    return parse
+
+
+def _epochs(text: str) -> str:
+    """An argparse type: comma-separated epoch numbers (kept as text)."""
+    try:
+        [float(e) for e in text.split(",") if e.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("comma-separated numbers, got %r" % text) from None
+    return text
+
+
 def add_store_args(ap) -> None:
     """The command-line options every example shares."""
     ap.add_argument("--kvstore", default="mpi",
@@ -50,7 +73,7 @@ def add_store_args(ap) -> None:
                          "horovod, device, local or none")
     ap.add_argument("--mode", choices=("chained", "funneled", "concurrent"),
                     help="mode of kvstore 'mpi' (sets MXNET_MPI_MODE)")
-    ap.add_argument("--devices", type=int, default=1,
+    ap.add_argument("--devices", type=_count(1), default=1,
                     help="devices per rank: GPUs local_rank*N .. +N-1 when GPUs exist, "
                          "else N CPU contexts")
 
@@ -271,17 +294,19 @@ def lr_at(step: int, base_lr: float, warmup_from: float, warmup_steps: int,
 def add_train_args(ap, *, batch: int, lr: float, lr_batch: int, epochs: int,
                    warmup: float, decay_epochs: str, wd: float) -> None:
     """Optimisation, schedule, logging and checkpoint options (defaults per example)."""
-    ap.add_argument("--batch-size", type=int, default=batch, help="per rank (all its devices)")
-    ap.add_argument("--epochs", type=int, default=epochs)
-    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps")
+    ap.add_argument("--batch-size", type=_count(1), default=batch,
+                    help="per rank (all its devices)")
+    ap.add_argument("--epochs", type=_count(1), default=epochs)
+    ap.add_argument("--max-steps", type=_count(0), default=0,
+                    help="stop after this many steps (0: no limit)")
     ap.add_argument("--lr", type=float, default=lr,
                     help="learning rate for a global batch of --lr-batch-size images, "
                          "scaled linearly to the real global batch")
-    ap.add_argument("--lr-batch-size", type=int, default=lr_batch)
+    ap.add_argument("--lr-batch-size", type=_count(1), default=lr_batch)
     ap.add_argument("--warmup-epochs", type=float, default=warmup,
                     help="linear warm-up from the one-rank learning rate")
     ap.add_argument("--lr-mode", choices=("step", "cosine"), default="step")
-    ap.add_argument("--lr-decay-epochs", default=decay_epochs)
+    ap.add_argument("--lr-decay-epochs", type=_epochs, default=decay_epochs)
     ap.add_argument("--lr-decay", type=float, default=0.1)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--wd", type=float, default=wd)

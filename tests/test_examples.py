@@ -204,3 +204,16 @@ def test_cifar10_two_ranks_two_devices_each(cifar_dir):
     # 250 images -> shards of 125 -> 7 batches of 16 per epoch on each rank.
     assert res["steps_per_epoch"] == 7 and res["steps"] == 9
     assert all(e["val_images"] == 45 for e in res["epochs"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--devices", "0"], "argument --devices: must be >= 1, got 0"),
+    (["--max-steps", "-1"], "argument --max-steps: must be >= 0, got -1"),
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--lr-decay-epochs", "1,x"], "argument --lr-decay-epochs: comma-separated numbers"),
+])
+def test_bad_arguments_are_named(args, message):
+    """These ended in ZeroDivisionError or ValueError tracebacks (found probing)."""
+    proc = subprocess.run([sys.executable, IMAGENET, "--synthetic", *args], capture_output=True,
+                          text=True, env=mpi_env(), timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
