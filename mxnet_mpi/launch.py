@@ -331,6 +331,10 @@ def parse_args(argv: list) -> argparse.Namespace:
         ap.error("-n and --groups must be > 0 and --servers >= 0")
     if args.n % args.groups:
         ap.error("--groups %d does not divide -n %d" % (args.groups, args.n))
+    if not 0 <= args.port <= 65535:
+        ap.error("--port must be from 1 to 65535 (0: a free one), got %d" % args.port)
+    if args.grace < 0:
+        ap.error("--grace must be >= 0, got %g" % args.grace)
     return args
 
 
@@ -504,7 +508,8 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
             if rc != 0:
                 log("mpirun exited with status %d: stopping the scheduler and servers" % rc)
                 teardown(children, grace)
-                return _verdict(watch, rc, mpirun)
+                # killed by a signal (rc -9): 128 + 9, as a shell reports it
+                return _verdict(watch, rc if rc > 0 else 128 - rc, mpirun)
             # Servers stop by themselves once every worker closed its store;
             # after a lost rank they never will.
             deadline = time.monotonic() + (grace if not watch.verdict() else 0)

@@ -310,6 +310,10 @@ def _watch_exit_status() -> None:
     original = sys.exit
 
     def exit(status=_NO_STATUS):  # noqa: A001  (same name as what it replaces)
+        if threading.current_thread() is not threading.main_thread():
+            # it ends only the thread, which Python's threading module passes
+            # over silently for SystemExit itself, not for a subclass
+            original() if status is _NO_STATUS else original(status)
         raise _Exit() if status is _NO_STATUS else _Exit(status)
 
     exit.__doc__ = original.__doc__

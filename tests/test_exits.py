@@ -164,3 +164,17 @@ def test_exit_that_cannot_finish_is_named_and_ended():
                      r"program ended, but its process does not exit", err), err[-3000:]
     assert "more than MXNET_MPI_STALL_ABORT_S=8" in err
     assert took < 8 + 25, took
+
+
+def test_sys_exit_in_a_thread_ends_only_the_thread_quietly(tmp_path):
+    """As plain Python: sys.exit in a thread ends that thread, silently. Our
+    sys.exit raised a subclass of SystemExit, which threading printed as an
+    uncaught exception on every rank."""
+    script = tmp_path / "thread_exit.py"
+    script.write_text("import sys, threading, mxnet as mx, mxnet_mpi\n"
+                      "mx.kv.create('mpi')\n"
+                      "t = threading.Thread(target=lambda: sys.exit(5)); t.start(); t.join()\n"
+                      "print('MAIN GOES ON', flush=True)\n")
+    proc = run_mpi(str(script), 2, timeout=120)
+    assert proc.stdout.count("MAIN GOES ON") == 2, proc.stdout
+    assert "Exception in thread" not in proc.stderr, proc.stderr[-3000:]

@@ -62,6 +62,23 @@ def test_killed_rank_tears_everything_down_fast():
             os.kill(pid, 0)
 
 
+def test_mpirun_killed_by_a_signal_gives_128_plus_its_number():
+    """mpirun killed by SIGKILL: the launcher exited 247 (sys.exit(-9))."""
+    proc = start(2, 1, 1, PROBE + ["--mode", "sleep"])
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "READY rank 1 " in line:
+                break
+        os.kill(pids_of("".join(lines))["mpirun"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    except BaseException:
+        stop(proc)
+        raise
+    assert proc.returncode == 128 + signal.SIGKILL, "".join(lines) + out[-3000:]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM])   # SIGINT takes the same handler
 def test_signal_tears_everything_down(sig):
     proc = start(2, 1, 1, PROBE + ["--mode", "sleep"])
