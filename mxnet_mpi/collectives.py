@@ -118,25 +118,33 @@ def token_call(op: int, dtype, shapes: Sequence, desc: str, label: str, reason: 
                 name=name)
 
 
-_creators: dict = {}   # name of the Python thread that created the last store
+class ThreadWarning:
+    """Warns once, when something the ranks pair by order is done from a
+    second Python thread (the first one seen is remembered; MXNet's own
+    threads, e.g. SyncBatchNorm's backward, do not count): threads can make
+    that order differ between ranks (docs/store.md#threads)."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message   # %(first)r, %(now)r and the note()'s fields
+        self._first: str | None = None
+        self._warned = False
+
+    def note(self, **fields) -> None:
+        thread = threading.current_thread()
+        if isinstance(thread, threading._DummyThread):
+            return
+        if self._first is None:
+            self._first = thread.name
+        elif thread.name != self._first and not self._warned:
+            self._warned = True
+            warnings.warn(self._message % dict(fields, first=self._first, now=thread.name),
+                          RuntimeWarning, stacklevel=4)
 
 
-def _note_creator(name: str) -> None:
-    """Ranks pair stores by the order they are created: from two Python threads
-    that order can differ between ranks, pairing two models of the same shapes
-    with no error (docs/store.md#threads). Say so once."""
-    thread = threading.current_thread()
-    if isinstance(thread, threading._DummyThread):   # MXNet's own threads (SyncBatchNorm)
-        return
-    last = _creators.get("last")
-    _creators["last"] = thread.name
-    if last is not None and last != thread.name and not _creators.get("warned"):
-        _creators["warned"] = True
-        warnings.warn("mxnet_mpi: store %r is created from thread %r, an earlier one from %r: "
-                      "ranks pair stores by the order they are created, which threads can make "
-                      "differ between ranks; create every store from one thread "
-                      "(docs/store.md#threads)" % (name, thread.name, last), RuntimeWarning,
-                      stacklevel=4)
+_creators = ThreadWarning(
+    "mxnet_mpi: store %(name)r is created from thread %(now)r, an earlier one from %(first)r: "
+    "ranks pair stores by the order they are created, which threads can make differ between "
+    "ranks; create every store from one thread (docs/store.md#threads)")
 
 
 class Stream:
@@ -157,7 +165,7 @@ class Stream:
         if store_id is not None:
             self.id = store_id
             return
-        _note_creator(name)
+        _creators.note(name=name)
         out = ctypes.c_int()
         opts = {**settings.store_options(), **options}
         with waiting_for_peers("creating store %r" % name, "every rank of its communicator "

@@ -31,6 +31,7 @@ from . import settings
 from .collectives import RankTable
 from .errors import MPIKVStoreError
 from .joining import broadcast_from
+from .module_states import counts_by_index
 
 EVERY_ENV = "MXNET_MPI_CONSISTENCY_EVERY"
 ACTION_ENV = "MXNET_MPI_CONSISTENCY_ACTION"
@@ -165,14 +166,10 @@ WRITES = ("set_data, load_parameters, initialize(force_reinit=True), Trainer.loa
           "Module.set_params, Module.load_optimizer_states")
 
 
-def _state_digest(optimizer, updater, index: int) -> int:
+def _state_digest(updater, index: int, count) -> int:
     """A 62-bit hash of parameter `index`'s optimizer state and update count."""
     h = hashlib.blake2b(digest_size=8)
-    # MXNet counts per device id and `_index_update_count` is the table of the
-    # device updated last, which depends on the rank's devices: the count of
-    # `index` in whichever table holds it
-    tables = optimizer._all_index_update_counts.values()
-    h.update(repr(max((t[index] for t in tables if index in t), default=None)).encode())
+    h.update(repr(count).encode())
     pending = [updater.states.get(index) if updater is not None else None]
     while pending:
         item = pending.pop()
@@ -221,9 +218,12 @@ def check_after_writes(weights: list, optimizer, updater,
             labels.append("the weights of %r" % name)
             hashes.append(_digest(arr) if arr is not None else 0)
     if anywhere[-1]:
+        # MXNet counts per device id, and `_index_update_count` is the table of
+        # the device updated last, which depends on the rank's devices
+        counts = counts_by_index(optimizer)
         for name, _, index in weights:
             labels.append("the optimizer state of %r" % name)
-            hashes.append(_state_digest(optimizer, updater, index))
+            hashes.append(_state_digest(updater, index, counts.get(index)))
         labels.append("the optimizer's update count")
         hashes.append(int(optimizer.num_update))
     if not hashes:

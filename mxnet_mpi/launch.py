@@ -446,6 +446,12 @@ def main(argv: list | None = None) -> int:
             signal.signal(s, h)
 
 
+def _status(rc: int) -> int:
+    """A child's non-zero return code as an exit status: killed by signal N
+    (rc -N), 128 + N, as a shell reports it."""
+    return rc if rc > 0 else 128 - rc
+
+
 def _verdict(watch: RankWatch, rc: int, mpirun: Child | None = None) -> int:
     """Exit status for mpirun's `rc` and what the ranks reported; names every
     host whose ranks did not finish cleanly (Open MPI's mpirun exits 0 when it
@@ -508,8 +514,7 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
             if rc != 0:
                 log("mpirun exited with status %d: stopping the scheduler and servers" % rc)
                 teardown(children, grace)
-                # killed by a signal (rc -9): 128 + 9, as a shell reports it
-                return _verdict(watch, rc if rc > 0 else 128 - rc, mpirun)
+                return _verdict(watch, _status(rc), mpirun)
             # Servers stop by themselves once every worker closed its store;
             # after a lost rank they never will.
             deadline = time.monotonic() + (grace if not watch.verdict() else 0)
@@ -529,7 +534,7 @@ def _supervise(children: list, mpirun: Child, grace: float, stopping: dict,
             if crc is not None and crc != 0:
                 log("%s exited with status %d: stopping every process" % (c.name, crc))
                 teardown(children, grace)
-                return _verdict(watch, crc if crc > 0 else 128 - crc, mpirun)
+                return _verdict(watch, _status(crc), mpirun)
         # A rank that ended badly ends the job: mpirun gets `grace` seconds to
         # do it (it can wait ~15 min for a host whose cable was pulled).
         first = watch.first_failure()

@@ -23,15 +23,21 @@ import contextlib
 import functools
 import inspect
 import numbers
-import threading
-import warnings
 from typing import Sequence
 
 import mxnet as mx
 import numpy as np
 
 from . import _native
-from .collectives import FLOAT_DTYPES, Call, check_array, on_host, stream_for, token_call
+from .collectives import (
+    FLOAT_DTYPES,
+    Call,
+    ThreadWarning,
+    check_array,
+    on_host,
+    stream_for,
+    token_call,
+)
 from .errors import MPIKVStoreError
 from .world import Communicator, init
 
@@ -72,26 +78,15 @@ def _check_args(name, priority) -> None:
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise MPIKVStoreError("priority must be an integer, got %s" % type(priority).__name__)
     if name is None:
-        _note_unnamed_thread()
+        _unnamed.note()
 
 
-_unnamed: dict = {}   # the Python thread that issued unnamed collectives
-
-
-def _note_unnamed_thread() -> None:
-    """Unnamed collectives of the same shape from two threads pair by the order
-    each rank happened to push them, silently mixing the threads' values;
-    names make the ranks compare them (docs/store.md#threads). Say so once."""
-    thread = threading.current_thread()
-    if isinstance(thread, threading._DummyThread):   # MXNet's own threads
-        return
-    first = _unnamed.setdefault("thread", thread.name)
-    if first != thread.name and not _unnamed.get("warned"):
-        _unnamed["warned"] = True
-        warnings.warn("mxnet_mpi: collectives without name= are issued from threads %r and %r: "
-                      "ranks pair them by the order they were pushed, which threads can make "
-                      "differ between ranks; give each a name= (docs/store.md#threads)"
-                      % (first, thread.name), RuntimeWarning, stacklevel=4)
+# Unnamed collectives of one shape from two threads pair by the order each rank
+# happened to push them, mixing the threads' values; names make ranks compare them.
+_unnamed = ThreadWarning(
+    "mxnet_mpi: collectives without name= are issued from threads %(first)r and %(now)r: "
+    "ranks pair them by the order they were pushed, which threads can make differ between "
+    "ranks; give each a name= (docs/store.md#threads)")
 
 
 def _old_spelling(verb: str, arg) -> None:
