@@ -227,7 +227,12 @@ def setup(kvstore: str, mode: str | None = None, devices: int = 1) -> Dist:
         raise SystemExit("--devices must be >= 1")
 
     if name == "horovod":
-        import horovod.mxnet as hvd  # optional: benchmarks/setup_horovod.sh
+        try:
+            import horovod.mxnet as hvd  # optional: benchmarks/setup_horovod.sh
+        except ImportError as exc:
+            raise SystemExit("--kvstore horovod needs Horovod's MXNet binding (%s): build it "
+                             "with benchmarks/setup_horovod.sh, or use --kvstore mpi" % exc
+                             ) from None
         hvd.init()
         if devices != 1:
             raise SystemExit("horovod runs one device per process: use --devices 1")

@@ -268,6 +268,8 @@ void EndChildrenHoldingOutput() {
 // job now, naming this rank; zero finalises MPI with the others.
 void OnExit(int status, void*) {
   if (g_forked || getpid() != g_pid || g_finalized || !g_owner.running()) return;
+  status &= 0xff;  // what the parent sees: exit(256) is a clean exit
+
   EndChildrenHoldingOutput();
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -310,7 +310,7 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
   } else if (f.kind == FlightKind::kLocal) {
     detail = " (every device of a rank must run each training forward and backward of the "
              "layer; several CPU contexts share MXNet's MXNET_CPU_TEMP_COPY temp spaces, and too "
-             "few of them deadlock the devices: see the README's SyncBatchNorm section)";
+             "few of them deadlock the devices: see docs/collectives.md, SyncBatchNorm)";
   }
   const std::string what = known ? Where(f, m) : "'" + f.desc + "'" + f.where;
   if (age >= o.abort_s) {

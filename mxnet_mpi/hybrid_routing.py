@@ -22,7 +22,8 @@ from .world import init as init_world
 GROUP_SIZE_ENV = "MXNET_MPI_GROUP_SIZE"
 ROUTE_ENV = "MXNET_MPI_HYBRID_ROUTE"
 LAUNCH_HINT = ("; start the job with `python -m mxnet_mpi.launch -n N --groups G --servers S "
-               "-- python train.py`, which starts ps-lite and sets every DMLC_* variable")
+               "-- python train.py`: it starts ps-lite and sets every DMLC_* variable (S >= 1; "
+               "--servers 0 starts no ps-lite, for pure MPI stores such as 'mpi')")
 
 
 def world_sum(world: Communicator, values: list) -> np.ndarray:

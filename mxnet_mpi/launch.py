@@ -70,6 +70,9 @@ _WRAP = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, %d); "
 # name the host (for ranks that do not report to the launcher themselves).
 _LOST_HOST = re.compile(r"^\s*(?:Remote host:\s+(\S+)|Remote daemon:.* on node (\S+))")
 _LOST_HEADERS = ("lost communication with a remote daemon", "daemon failed to report back")
+_UNSTARTED = ("mpirun could not start its daemon there: check that the host name resolves, "
+              "that `ssh HOST` works without a password, and that Open MPI and this Python "
+              "are installed there at the same paths (ssh's or Open MPI's message is above)")
 
 
 def log(msg: str) -> None:
@@ -151,6 +154,7 @@ class Child:
         self.env = env
         self.killed_at: float | None = None   # when SIGKILL found it still running
         self.lost_hosts: list = []
+        self.unstarted_hosts: set = set()   # lost before their daemon ever reported
         self.thread = self.thread2 = None
         if prefix_output:
             self.thread = threading.Thread(target=self._forward, daemon=True)
@@ -166,7 +170,7 @@ class Child:
     def _watch(self, pipe, to) -> None:
         """Pass a stream through unchanged, noting the hosts mpirun says it lost
         (Open MPI prints that on stdout or stderr)."""
-        lost = False
+        lost = unstarted = False
         for raw in iter(pipe.readline, b""):
             # PRTE ends its help messages with a NUL byte and no newline, which
             # would glue itself to the launcher's next line: drop it.
@@ -178,10 +182,13 @@ class Child:
                 to.flush()
             except (OSError, ValueError):
                 pass   # our stream is gone: keep draining, or the child blocks on write
-            lost = lost or any(h in line for h in _LOST_HEADERS)
+            if any(h in line for h in _LOST_HEADERS):
+                lost, unstarted = True, _LOST_HEADERS[1] in line
             m = _LOST_HOST.match(line) if lost else None
             if m and (m.group(1) or m.group(2)) not in self.lost_hosts:
                 self.lost_hosts.append(m.group(1) or m.group(2))
+                if unstarted:
+                    self.unstarted_hosts.add(self.lost_hosts[-1])
 
     def _forward(self) -> None:
         for raw in iter(self.proc.stdout.readline, b""):
@@ -317,7 +324,7 @@ def parse_args(argv: list) -> argparse.Namespace:
                          "to end the job after a rank failed, and every process gets after "
                          "SIGTERM, before SIGKILL")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_glue_mpirun_args(argv))
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -338,6 +345,23 @@ def parse_args(argv: list) -> argparse.Namespace:
     return args
 
 
+def _glue_mpirun_args(argv: list) -> list:
+    """`--mpirun-arg --bind-to` as `--mpirun-arg=--bind-to`: argparse takes a
+    value that starts with '-' for an option of its own and refuses it."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        if a == "--mpirun-arg" and i + 1 < len(argv) and argv[i + 1] != "--":
+            out.append("--mpirun-arg=" + argv[i + 1])
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def hosts_filled(hostfile: str, n: int, error) -> int:
     """How many hosts of `hostfile` mpirun fills with `n` ranks (slot by slot,
     in file order); calls `error` unless they all get the same number."""
@@ -355,6 +379,9 @@ def hosts_filled(hostfile: str, n: int, error) -> int:
             error("--hostfile line %r has no slots=N: give --groups" % line.strip())
         counts.append(min(int(slots[0]), left))
         left -= counts[-1]
+    if left > 0 and counts:
+        error("-n %d is more ranks than the --hostfile's %d slots: raise slots=N there, "
+              "or give --groups G (mpirun then oversubscribes the hosts)" % (n, n - left))
     if left > 0 or not counts or len(set(counts)) != 1:
         error("-n %d does not fill the --hostfile hosts evenly (%s ranks per host): give "
               "--groups" % (n, counts or "none"))
@@ -462,7 +489,9 @@ def _verdict(watch: RankWatch, rc: int, mpirun: Child | None = None) -> int:
             thread.join(timeout=2)   # its last lines
     lost = mpirun.lost_hosts if mpirun is not None else []
     if lost and not lines:   # ranks that do not report: what mpirun said
-        lines = ["host %s: lost by mpirun (its daemon stopped answering)" % h for h in lost]
+        lines = ["host %s: %s" % (h, _UNSTARTED if h in mpirun.unstarted_hosts
+                                  else "lost by mpirun (its daemon stopped answering)")
+                 for h in lost]
     for line in lines:
         log(line)
     if lines and rc == 0:

@@ -98,18 +98,21 @@ def set_status(status: object) -> None:
     """The exit status the program is about to end with (as sys.exit takes it):
     tells the launcher that the script has finished (its exit comes next)."""
     _state["status"] = status
-    _send("done %d" % _code(status))
+    _send("done %d" % exit_status(status))
 
 
-def _code(status: object) -> int:
+def exit_status(status: object) -> int:
+    """The process exit status Python gives for ``sys.exit(status)``: None is
+    0, an int is taken modulo 256 (``sys.exit(256)`` exits 0), anything else
+    (a message) is 1."""
     if status is None:
         return 0
     if isinstance(status, int):
-        return status
-    return 1   # sys.exit("message") exits 1
+        return status & 0xFF
+    return 1
 
 
 def _at_exit() -> None:
-    _send("end %d" % _code(_state["status"]))
+    _send("end %d" % exit_status(_state["status"]))
     # The connection stays open until the process is gone: its close tells the
     # launcher that the process really exited (MPI finalised with the others).

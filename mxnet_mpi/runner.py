@@ -44,7 +44,8 @@ def _script_frames_only(tb: types.TracebackType | None) -> types.TracebackType |
 def run(argv: list[str]) -> int:
     """Run ``argv`` (``[SCRIPT, ARGS...]`` or ``['-m', MODULE, ARGS...]``) as
     ``__main__``; return its exit status (an uncaught exception goes to
-    ``sys.excepthook``, which ends the MPI job, and gives 1)."""
+    ``sys.excepthook``, which ends the MPI job, and gives 1, or 130 for
+    KeyboardInterrupt, as Python's does)."""
     if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
         sys.stderr.write(USAGE)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -53,6 +54,7 @@ def run(argv: list[str]) -> int:
     from mxnet_mpi import report
     report.started()
     import mxnet_mpi  # noqa: F401  (registers the stores, patches MXNet)
+    from mxnet_mpi.world import uncaught_status
 
     try:
         if argv[0] == "-m":
@@ -80,7 +82,8 @@ def run(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001  (reported as Python would, then status 1)
         tb = _script_frames_only(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        report.set_status(1)
-        return 1
+        status = uncaught_status(type(exc))
+        report.set_status(status)
+        return status
     report.set_status(0)
     return 0

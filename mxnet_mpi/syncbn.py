@@ -108,7 +108,8 @@ _CPU_CONTEXTS = (
     "gluon.contrib.nn.SyncBatchNorm hangs there too). On CPUs run one rank per device "
     "(mpirun -np N, --devices 1); to use several CPU contexts anyway, set MXNET_CPU_TEMP_COPY "
     "before MXNet starts to more than the ops that use temp space after the first "
-    "SyncBatchNorm (128 was enough for a 5-layer convnet on 3 contexts)")
+    "SyncBatchNorm (128 was enough for a 5-layer convnet on 3 contexts; resnet18 on 2 "
+    "contexts needs more than 128 and ran with 512)")
 
 
 class _SyncBNFunction(Function):

@@ -26,7 +26,7 @@ from typing import Callable
 
 import mxnet as mx
 
-from . import settings, shm_segments, timeline, transport
+from . import report, settings, shm_segments, timeline, transport
 from ._native import LIB, SETTINGS_DIFFER, check, last_error
 from .errors import MPIKVStoreError
 from .peer_wait import waiting_for_peers
@@ -220,12 +220,12 @@ def _remove_session_after_finalize() -> None:
 def _at_exit() -> None:
     if _state.forked or _state.world is None or _state.finalized:
         return
-    code = _state.exit_code
-    if code not in (None, 0) and _state.world.size > 1:
-        sys.stderr.write("mxnet_mpi: rank %d is exiting with status %s; aborting the MPI job\n"
+    code = report.exit_status(_state.exit_code)
+    if code and _state.world.size > 1:
+        sys.stderr.write("mxnet_mpi: rank %d is exiting with status %d; aborting the MPI job\n"
                          % (_state.world.rank, code))
         sys.stderr.flush()
-        LIB.mxmpi_abort(code if isinstance(code, int) and 0 < code < 256 else 1)
+        LIB.mxmpi_abort(code)
     _finish()
     # MPI itself is finalised by the native library when the process exits, with
     # the exit status: a non-zero one aborts the job instead of waiting. (If
@@ -265,6 +265,12 @@ def _split(parent: int, color: int, key: int) -> Communicator | None:
     return Communicator(out.value, r.value, s.value)
 
 
+def uncaught_status(etype: type) -> int:
+    """The exit status of a process ended by an uncaught `etype`, as a shell
+    reports Python's: 130 (128 + SIGINT) for KeyboardInterrupt, else 1."""
+    return 128 + 2 if issubclass(etype, KeyboardInterrupt) else 1
+
+
 def _install_abort_hook() -> None:
     """An uncaught exception on one rank aborts the job instead of hanging its peers."""
     previous = sys.excepthook
@@ -274,7 +280,7 @@ def _install_abort_hook() -> None:
         sys.stderr.write("mxnet_mpi: rank %d raised %s; aborting the MPI job\n"
                          % (_state.world.rank if _state.world else -1, etype.__name__))
         sys.stderr.flush()
-        LIB.mxmpi_abort(1)
+        LIB.mxmpi_abort(uncaught_status(etype))
 
     sys.excepthook = hook
 

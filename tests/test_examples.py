@@ -8,6 +8,7 @@ validation counts must cover the whole validation set exactly once.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -217,3 +218,14 @@ def test_bad_arguments_are_named(args, message):
     proc = subprocess.run([sys.executable, IMAGENET, "--synthetic", *args], capture_output=True,
                           text=True, env=mpi_env(), timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_horovod_without_horovod_is_named():
+    """It was a bare ModuleNotFoundError traceback."""
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("Horovod is installed here")
+    proc = subprocess.run([sys.executable, IMAGENET, *SYNTH, "--kvstore", "horovod"],
+                          capture_output=True, text=True, env=mpi_env(), timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "--kvstore horovod needs Horovod's MXNet binding" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -61,7 +61,7 @@ def test_stopped_rank_is_named_then_the_job_aborts(mode):
 
 
 @pytest.mark.parametrize("scenario,status", [("sys_exit", 1), ("raise_exit", 3),
-                                             ("argparse", 2)])
+                                             ("argparse", 2), ("interrupt", 130)])
 def test_exit_on_one_rank_ends_the_job_fast(scenario, status):
     t0 = time.time()
     proc = run_mpi("exits.py", 2, scenario, "concurrent", env=FAST, check=False, timeout=90)
@@ -72,6 +72,9 @@ def test_exit_on_one_rank_ends_the_job_fast(scenario, status):
         assert proc.returncode != 0
         named = ("rank 1 is exiting with status %d" % status in proc.stderr
                  or "rank 1 finished its program" in proc.stderr)
+    elif scenario == "interrupt":   # Python's status for it: 128 + SIGINT
+        assert proc.returncode == status, proc.returncode
+        named = "rank 1 raised KeyboardInterrupt" in proc.stderr
     else:   # sys.exit, argparse
         assert proc.returncode == status, proc.returncode
         named = "rank 1 is exiting with status %d" % status in proc.stderr
@@ -87,6 +90,13 @@ def test_exit_caught_or_in_a_thread_is_not_the_process_status():
     proc = run_mpi("exits.py", 2, "exit_caught", "funneled", env=FAST, timeout=90)
     assert "exiting with status" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.count("finished exit_caught") == 2, proc.stdout
+
+
+def test_exit_status_is_taken_modulo_256_as_python_does():
+    """sys.exit(256) exits 0 in Python: no abort of a clean end (it was status 1)."""
+    proc = run_mpi("exits.py", 2, "exit_256", "funneled", env=FAST, timeout=90)
+    assert "exiting with status" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.count("finished exit_256") == 2, proc.stdout
 
 
 def test_error_nobody_waited_for_does_not_abort_a_clean_end():

@@ -110,6 +110,11 @@ def test_servers_zero_is_pure_mpi():
         # allreduce over both ranks; group size n/groups; no ps-lite variables
         assert "SUM [3.0, 3.0, 3.0] GROUP_SIZE 1 DMLC_VARS []" in ln, ln
     assert "scheduler" not in proc.stdout
+    # a hybrid store there needs ps-lite: the advice says why the 0 gives none
+    bad = run(2, 2, 0, PROBE + ["--mode", "fail"], check=False, timeout=120)
+    assert bad.returncode != 0
+    assert "DMLC_PS_ROOT_URI" in bad.stdout and "--servers 0 starts no ps-lite" in bad.stdout, \
+        bad.stdout[-3000:]
 
 
 def test_exit_hang_without_our_store_is_named_and_ended():

@@ -3,6 +3,9 @@ the ranks fill slot by slot), or a clear error when that is ambiguous."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from mxnet_mpi import launch
@@ -35,7 +38,7 @@ def test_explicit_groups_still_win(tmp_path):
 
 @pytest.mark.parametrize("text, n, message", [
     ("node1 slots=2\nnode2 slots=2\n", 3, "does not fill the --hostfile hosts evenly"),
-    ("node1 slots=2\nnode2 slots=2\n", 6, "does not fill the --hostfile hosts evenly"),
+    ("node1 slots=2\nnode2 slots=2\n", 6, "-n 6 is more ranks than the --hostfile's 4 slots"),
     ("node1\nnode2\n", 2, "has no slots=N: give --groups"),
 ])
 def test_ambiguous_hostfile_is_an_error(tmp_path, capsys, text, n, message):
@@ -43,3 +46,41 @@ def test_ambiguous_hostfile_is_an_error(tmp_path, capsys, text, n, message):
         parse(tmp_path, text, n)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_mpirun_arg_takes_a_value_that_starts_with_a_dash():
+    args = launch.parse_args(["-n", "2", "--mpirun-arg", "--bind-to", "--mpirun-arg", "none",
+                              "--", "python", "t.py", "--mpirun-arg", "--x"])
+    assert args.mpirun_arg == ["--bind-to", "none"]
+    assert args.command == ["python", "t.py", "--mpirun-arg", "--x"]   # the script's own
+
+
+# What prterun printed for a hostfile line naming a host that does not resolve
+UNSTARTED = b"""ssh: Could not resolve hostname nosuchhost.invalid: Name or service not known
+------------------------------------------------------------
+A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries.
+
+  Local host:    vm
+  Remote host:   nosuchhost
+  Daemon exit status: 255
+------------------------------------------------------------
+"""
+
+
+def test_host_whose_daemon_never_started_is_named_with_what_to_check(capsys):
+    mpirun = launch.Child("mpirun", [sys.executable, "-c",
+                                     "import sys; sys.stderr.buffer.write(%r)" % UNSTARTED],
+                          dict(os.environ), prefix_output=False, watch_stderr=True)
+    mpirun.proc.wait(timeout=60)
+
+    class NoReports:
+        def verdict(self):
+            return []
+
+    assert launch._verdict(NoReports(), 255, mpirun) == 255
+    err = capsys.readouterr().err
+    assert "host nosuchhost: mpirun could not start its daemon there" in err, err
+    assert "lost by mpirun" not in err

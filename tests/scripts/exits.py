@@ -10,6 +10,9 @@ Every rank prints "rank R pid P ready" once its store works, then:
   pending_error  a collective fails (shapes differ) and nobody waits for it;
                  the program ends normally: exit 0, no abort, a note on stderr
   caught_exit1   a collective error is caught, then every rank sys.exit(1)s
+  interrupt      rank 1 raises KeyboardInterrupt (status 130, as Python's); rank 0 keeps
+                 pushing
+  exit_256       every rank calls sys.exit(256), which Python exits 0 with (256 mod 256)
   exit_caught    rank 1 catches argparse's exit (status 2) and a thread of it calls
                  sys.exit(4) (which ends only that thread); both ranks then push and
                  end cleanly: exit 0
@@ -68,6 +71,15 @@ elif scenario == "argparse":
     if RANK == 1:
         argparse.ArgumentParser().parse_args(["--no-such-option"])
     keep_pushing(120)
+elif scenario == "interrupt":
+    if RANK == 1:
+        time.sleep(0.5)
+        raise KeyboardInterrupt
+    keep_pushing(120)
+elif scenario == "exit_256":
+    keep_pushing(120, steps=3)
+    print("rank %d finished %s" % (RANK, scenario), flush=True)
+    sys.exit(256)
 elif scenario == "pending_error":
     x = mx.nd.ones((3,) if RANK == 0 else (4,))
     kv.pushpull("mismatch", x)
