@@ -117,22 +117,67 @@ void HalfProd(void* in, void* inout, int* len, MPI_Datatype*) {
   HalfApply(in, inout, *len, [](float a, float b) { return a * b; });
 }
 
+// 8-bit sums and products wrap, as in MXNet's own stores and numpy. Open
+// MPI's op/avx component adds 8-bit integers with saturating SIMD adds
+// (200 + 200 gave 255 for uint8), so these never go to its builtin ops. The
+// low 8 bits of a two's-complement sum or product are the same for int8.
+void ByteSum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint8_t* a = static_cast<const uint8_t*>(in);
+  uint8_t* b = static_cast<uint8_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<uint8_t>(a[i] + b[i]);
+}
+void ByteProd(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint8_t* a = static_cast<const uint8_t*>(in);
+  uint8_t* b = static_cast<uint8_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<uint8_t>(a[i] * b[i]);
+}
+
+// MPI_MIN/MPI_MAX on floats drop a NaN or keep it depending on the operand
+// order and the array's length (a NaN on one rank vanished from a max);
+// these propagate it, as numpy's minimum/maximum and the float16 ops do.
+template <typename T>
+void NanMin(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = a[i] != a[i] || a[i] < b[i] ? a[i] : b[i];
+}
+template <typename T>
+void NanMax(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = a[i] != a[i] || a[i] > b[i] ? a[i] : b[i];
+}
+
 // The MPI reduction of an allreduce/reduce_scatter with these flags.
 MPI_Op ReduceOp(int dtype, int flags) {
   static MPI_Op half[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  static MPI_Op bytes[4] = {MPI_OP_NULL, MPI_MIN, MPI_MAX, MPI_OP_NULL};
+  static MPI_Op f32[4] = {MPI_SUM, MPI_OP_NULL, MPI_OP_NULL, MPI_PROD};
+  static MPI_Op f64[4] = {MPI_SUM, MPI_OP_NULL, MPI_OP_NULL, MPI_PROD};
   static std::once_flag once;
   const int which = (flags & kMin) ? 1 : (flags & kMax) ? 2 : (flags & kProduct) ? 3 : 0;
-  if (dtype != kFloat16) {
-    const MPI_Op builtin[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
-    return builtin[which];
-  }
   std::call_once(once, [] {
     MPI_Op_create(&HalfSum, /*commute=*/1, &half[0]);
     MPI_Op_create(&HalfMin, 1, &half[1]);
     MPI_Op_create(&HalfMax, 1, &half[2]);
     MPI_Op_create(&HalfProd, 1, &half[3]);
+    MPI_Op_create(&ByteSum, 1, &bytes[0]);
+    MPI_Op_create(&ByteProd, 1, &bytes[3]);
+    MPI_Op_create(&NanMin<float>, 1, &f32[1]);
+    MPI_Op_create(&NanMax<float>, 1, &f32[2]);
+    MPI_Op_create(&NanMin<double>, 1, &f64[1]);
+    MPI_Op_create(&NanMax<double>, 1, &f64[2]);
   });
-  return half[which];
+  switch (dtype) {
+    case kFloat16: return half[which];
+    case kFloat32: return f32[which];
+    case kFloat64: return f64[which];
+    case kUint8: case kInt8: return bytes[which];
+    default: {
+      const MPI_Op builtin[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+      return builtin[which];
+    }
+  }
 }
 
 template <typename T>

@@ -32,7 +32,7 @@ SECTIONS = (
     "world", "pushpull_inplace", "pushpull_out", "pushpull_out_list", "pushpull_devices",
     "key_lists", "repeat_key", "broadcast", "init_pull", "push_pull", "large",
     "views_contexts_keys", "lowlevel",
-    "two_stores", "random_bitwise", "rank_order", "np_arrays",
+    "two_stores", "random_bitwise", "rank_order", "integer_wrap", "np_arrays",
     # 0-d and empty legacy arrays through every copy path; per-device mx.np lists
     "legacy_empty_out_list", "legacy_empty_devices", "legacy_empty_broadcast",
     "legacy_empty_init_pull", "legacy_empty_push_pull", "np_devices",

@@ -542,6 +542,35 @@ def sec_rank_order(res: Results) -> None:
         res.check(len(set(digests)) == 1, "%d elements: ranks differ" % n)
 
 
+def sec_integer_wrap(res: Results) -> None:
+    """Integer sums that overflow wrap around, as in MXNet's own stores and
+    numpy: Open MPI's op/avx added 8-bit integers with saturation (200 + 200
+    gave 255 for uint8) in runs of 16 elements, exit 0."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    outs = []
+    for dtype in ("uint8", "int8", "int32", "int64"):
+        info = np.iinfo(dtype)
+        for n in (5, 100, 70_001):
+            x = np.random.default_rng(40 + n + RANK).integers(
+                info.min, info.max, n, dtype=dtype, endpoint=True)
+            if n == 5:   # every element overflows (from 2 ranks on)
+                x[:] = info.max - RANK
+            a = nd(x)
+            KV.pushpull("wrap-%s-%d" % (dtype, n), a)
+            outs.append((dtype, n, a, comm.allgather(x)))
+    mx.nd.waitall()
+    for dtype, n, a, every in outs:
+        with np.errstate(over="ignore"):
+            want = every[0].copy()
+            for x in every[1:]:
+                want = want + x
+        got = a.asnumpy()
+        res.check(got.dtype == np.dtype(dtype) and np.array_equal(got, want),
+                  "%s x %d: %d elements differ from numpy's wrapped sum (%s vs %s)"
+                  % (dtype, n, int((got != want).sum()), got[:4], want[:4]))
+
+
 def np_mode(section):
     """Run `section` with MXNet's numpy semantics (mx.np arrays, 0-d and empty shapes)."""
     def run(res: Results, *args) -> None:
@@ -647,6 +676,7 @@ SECTIONS = {
     "two_stores": (sec_two_stores,),
     "random_bitwise": (sec_random_bitwise,),
     "rank_order": (sec_rank_order,),
+    "integer_wrap": (sec_integer_wrap,),
     "np_arrays": (np_mode(sec_np_arrays),),
     # 0-d and empty legacy NDArrays with lists of outs or devices, init and pull
     # (MXNet's own 'local' kvstore handles all of these)

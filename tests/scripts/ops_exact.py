@@ -90,6 +90,34 @@ for dtype in ("float32", "float16", "int32", "uint8"):
                 and got.dtype == np.dtype(dtype)):
             bad.append("%s: %s vs %s" % (op, got.asnumpy(), want))
     check("allreduce_min_max_product_" + dtype, not bad, "; ".join(bad))
+# 8-bit sums and products wrap around as in numpy (Open MPI's op/avx saturated
+# the sums: 200 + 200 gave 255 for uint8, in runs of 16 elements)
+for dtype in ("uint8", "int8"):
+    bad = []
+    mine = np.random.default_rng(7 + R).integers(-128, 128, 40).astype(dtype)
+    every = [np.random.default_rng(7 + r).integers(-128, 128, 40).astype(dtype)
+             for r in range(N)]
+    for op, fn in (("sum", np.add), ("product", np.multiply)):
+        want = every[0]
+        for x in every[1:]:
+            want = fn(want, x)
+        got = ops.allreduce(mx.nd.array(mine, dtype=dtype), op=op, store=store).asnumpy()
+        if not np.array_equal(got, want):
+            bad.append("%s: %d elements differ" % (op, int((got != want).sum())))
+    check("allreduce_wraps_" + dtype, not bad, "; ".join(bad))
+# a NaN on any rank comes out of min and max, as from numpy's minimum/maximum
+# (MPI_MIN/MPI_MAX on floats kept or dropped it by position and length)
+for dtype in ("float32", "float64", "float16"):
+    bad = []
+    for n in (3, 40):
+        x = np.full(n, R + 1, dtype=dtype)
+        x[R % n] = np.nan
+        for op in ("min", "max"):
+            got = ops.allreduce(mx.nd.array(x, dtype=dtype), op=op, store=store).asnumpy()
+            nan_at = sorted(np.flatnonzero(np.isnan(got)).tolist())
+            if nan_at != list(range(min(N, n))):
+                bad.append("%s x %d: NaN at %s" % (op, n, nan_at))
+    check("allreduce_min_max_nan_" + dtype, not bad, "; ".join(bad))
 try:
     ops.allreduce(mx.nd.ones((2,)), op="mean", store=store)
     check("unknown_op_refused", False, "accepted")
