@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -187,11 +188,56 @@ int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
 }
 
 // The normal end of the job, once everything pushed is done.
+// MPI_Finalize waits on this host's Open MPI daemon, and through it on the
+// others: a daemon stopped or cut off keeps it waiting for good, after the
+// heartbeats have ended. Named at the stall warning; the process ends at the
+// abort (MPI_Abort would wait on the same daemon).
+class FinalizeWatch {
+ public:
+  FinalizeWatch() : thread_([this] { Watch(); }) {}
+  ~FinalizeWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Watch() {
+    const HealthOptions& o = Options();
+    const double warn = std::min(o.warn_s, o.abort_s);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::duration<double>(warn), [this] { return done_; }))
+      return;
+    std::fprintf(stderr, "[rank %d] mxnet_mpi: stall warning: MPI_Finalize has waited %g s at "
+                 "the end of the job (every rank's program has ended): Open MPI's daemon "
+                 "(prted) on some host is stopped, gone or unreachable. This process ends "
+                 "after MXNET_MPI_STALL_ABORT_S=%g s.\n", g_world_rank, warn, o.abort_s);
+    std::fflush(stderr);
+    if (cv_.wait_for(lock, std::chrono::duration<double>(o.abort_s - warn),
+                     [this] { return done_; }))
+      return;
+    std::fprintf(stderr, "[rank %d] mxnet_mpi: MPI_Finalize has waited more than "
+                 "MXNET_MPI_STALL_ABORT_S=%g s; ending this process with status 3 (mpirun "
+                 "itself may wait for the daemon)\n", g_world_rank, o.abort_s);
+    std::fflush(stderr);
+    _exit(3);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 void FinalizeNative() {
   if (g_finalized.exchange(true) || !g_owner.running()) return;
   SetFinalizing(true);
   for (auto& store : AllStores()) store->Close();
   HealthStop();
+  FinalizeWatch watch;
   g_owner.Call([] {
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -57,7 +57,10 @@ class Communicator:
         if _state.thread_level < THREAD_MULTIPLE:
             mx.nd.waitall()   # no collective may be running meanwhile
         out = ctypes.c_int()
-        check(LIB.mxmpi_comm_spans_hosts(self.id, ctypes.byref(out)))
+        with waiting_for_peers("finding the hosts of a communicator's ranks (as a store or "
+                               "process set is made)", "every member of it makes the same "
+                               "stores and process sets, in the same order", _state.world.rank):
+            check(LIB.mxmpi_comm_spans_hosts(self.id, ctypes.byref(out)))
         return bool(out.value)
 
     def dup(self) -> Communicator:

@@ -1,11 +1,15 @@
 """Network faults on a cluster in a box (2 hosts x 2 ranks) under plain mpirun:
 a cable pulled for a few seconds and plugged back in, the job recovers with
 exact results; every process of one host killed ends the job on the other
-host within 30 s, leaving nothing behind. (A cable pulled for good, and a
-host lost under the launcher: test_lost_hosts.py.)"""
+host within 30 s, leaving nothing behind. At the edges of a job (2 hosts x 1
+rank): a rank late to create its store is named by the others, and a host's
+Open MPI daemon stopped as the job ends is named and the ranks end. (A cable
+pulled for good, and a host lost under the launcher: test_lost_hosts.py.)"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
@@ -95,4 +99,68 @@ def test_host_killed_ends_the_job_on_the_others(cluster):
         assert "daemon" in out and cluster.hosts[1] in out, out[-3000:]
         assert wait_no_procs(cluster) == [], "processes left in the hosts"
     finally:
+        job.kill()
+
+
+EDGES = str(SCRIPTS / "netfault_edges.py")
+
+
+class EdgeJob(ClusterJob):
+    """A job of netfault_edges.py, 1 rank per host."""
+
+    wait_for = Job.wait_for
+
+    def __init__(self, cluster, scenario: str) -> None:
+        super().__init__(cluster, cluster.mpirun(2, [sys.executable, EDGES, scenario],
+                                                 per_host=1), EDGE_ENV)
+
+EDGE_ENV = {"MXNET_MPI_STALL_WARN_S": "1.5", "MXNET_MPI_STALL_ABORT_S": "8",
+            "MXNET_MPI_HEALTH_INTERVAL_S": "0.2"}
+
+
+def test_rank_late_to_create_a_store_across_hosts_is_named(cluster):
+    """Creating a store across hosts first asks which hosts its ranks are on, a
+    collective: waiting there was silent (not under the stall watchdog)."""
+    job = EdgeJob(cluster, "late_store")
+    try:
+        rc = job.wait(60)
+        out = job.text()
+        assert rc == 0, out[-5000:]
+        assert "DONE 0" in out and "DONE 1" in out, out[-3000:]
+        warned = [ln for ln in out.splitlines() if "stall warning" in ln
+                  and "finding the hosts of a communicator's ranks" in ln]
+        assert warned and "[rank 0]" in warned[0], out[-3000:]
+    finally:
+        job.kill()
+
+
+def test_daemon_stopped_at_the_end_is_named_and_the_ranks_end(cluster):
+    """A host's Open MPI daemon stopped (SIGSTOP) while the ranks finish: they
+    waited in MPI_Finalize for ever, silently (the heartbeats had ended)."""
+    job = EdgeJob(cluster, "finish")
+    stopped = []
+    try:
+        assert job.wait_for(lambda t: "READY 0" in t and "READY 1" in t, 60), job.text()[-3000:]
+        for pid in netns.netns_pids(cluster.hosts[1]):
+            with open("/proc/%d/comm" % pid) as f:
+                if f.read().startswith("prted"):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+        assert stopped, "no prted on host 1"
+        ended = job.wait_for(lambda t: "ending this process with status 3" in t, 40)
+        out = job.text()
+        assert ended, out[-3000:]
+        assert "DONE 0" in out and "[rank 0] mxnet_mpi: stall warning: MPI_Finalize has " \
+            "waited 1.5 s" in out, out[-3000:]
+        ranks = [p for h in cluster.hosts for p in netns.netns_pids(h)
+                 if "netfault_edges" in open("/proc/%d/cmdline" % p).read()]
+        deadline = time.monotonic() + 15   # the rank under the stopped daemon ends too
+        while ranks and time.monotonic() < deadline:
+            ranks = [p for p in ranks if os.path.exists("/proc/%d" % p)
+                     and open("/proc/%d/stat" % p).read().split()[2] != "Z"]
+            time.sleep(0.2)
+        assert ranks == [], "ranks still running: %s" % ranks
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
         job.kill()
