@@ -566,26 +566,34 @@ def _is_integer(tensor) -> bool:
 def _scale(tensor, factor) -> None:
     """tensor *= factor (engine ops), unless factor is 1; an integer tensor as
     Horovod scales it: in double precision, truncated toward zero (MXNet's
-    own multiply would first cast 0.5 to 0)."""
+    own multiply would first cast 0.5 to 0). Legacy and mx.np arrays alike."""
     factor = float(factor)
     if factor == 1.0:
         return
+    numpy_mode = isinstance(tensor, mx.np.ndarray)
     if _is_integer(tensor) or tensor.dtype == np.float64:
         # MXNet's scalar operators take the factor in float32 (0.3 / 3 became
         # 0.1, so a sum of 10 averaged with postscale 0.3 gave 1 where Horovod
         # gives 0): multiply by a float64 array instead
-        f = mx.nd.array([factor], dtype="float64", ctx=tensor.context)
-        f = f.reshape((1,) * tensor.ndim)
-        if _is_integer(tensor):
-            tensor[:] = mx.nd.broadcast_mul(tensor.astype("float64"), f).astype(tensor.dtype)
-        else:
-            tensor[:] = mx.nd.broadcast_mul(tensor, f)
+        lib = mx.np if numpy_mode else mx.nd
+        f = lib.array([factor], dtype="float64", ctx=tensor.context).reshape((1,) * tensor.ndim)
+        wide = tensor.astype("float64") if _is_integer(tensor) else tensor
+        scaled = wide * f if numpy_mode else mx.nd.broadcast_mul(wide, f)
+        _assign(tensor, scaled.astype(tensor.dtype) if _is_integer(tensor) else scaled)
     elif tensor.dtype == np.float16:
         # in float32, rounded to half once, as Horovod does (a factor cast to
         # half first, 0.3 -> 0.29993, biased every scaled gradient)
-        tensor[:] = (tensor.astype("float32") * factor).astype("float16")
+        _assign(tensor, (tensor.astype("float32") * factor).astype("float16"))
     else:
         tensor *= factor
+
+
+def _assign(tensor, value) -> None:
+    """tensor[...] = value, for 0-d mx.np arrays too (they take only `()`)."""
+    if tensor.ndim == 0 and isinstance(tensor, mx.np.ndarray):
+        tensor[()] = value
+    else:
+        tensor[:] = value
 
 
 def _allreduce_into(tensors: list, op: int, name, priority, prescale_factor, postscale_factor,

@@ -221,6 +221,13 @@ def _reduce_into(tensors: Sequence, outs: Sequence, average: bool, name: str | N
             d.copyto(o)
 
 
+def _like(tensor, out):
+    """`out` (made as a legacy NDArray) as the kind of array `tensor` is: an
+    mx.np array for an mx.np input (the same memory), as MXNet's own
+    operators return."""
+    return out.as_np_ndarray() if isinstance(tensor, mx.np.ndarray) else out
+
+
 def _tensor_list(tensors) -> list:
     if isinstance(tensors, mx.nd.NDArray) or not isinstance(tensors, (list, tuple)):
         raise MPIKVStoreError("a grouped allreduce takes a list of NDArrays, got %s"
@@ -236,7 +243,7 @@ def allreduce(tensor, average: bool = False, name: str | None = None, priority: 
     check_array(tensor, "tensor")
     out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
     _reduce_into([tensor], [out], average, name, priority, store, comm, op)
-    return out
+    return _like(tensor, out)
 
 
 @_agreed("allreduce", _native.ALLREDUCE)
@@ -259,7 +266,7 @@ def grouped_allreduce(tensors: Sequence, average: bool = False, name: str | None
         check_array(t, "tensor %d" % i)   # before reading their shapes
     outs = [mx.nd.empty(t.shape, ctx=t.context, dtype=t.dtype) for t in tensors]
     _reduce_into(tensors, outs, average, name, priority, store, comm, op)
-    return outs
+    return [_like(t, o) for t, o in zip(tensors, outs)]
 
 
 @_agreed("allreduce", _native.ALLREDUCE)
@@ -337,7 +344,7 @@ def allgather(tensor, name: str | None = None, priority: int = 0, store=None, *,
     _push(store, Call(_native.ALLGATHER, [_host(tensor)], [out], dtype=tensor.dtype,
                       shapes=[shape], desc=_text(name, "allgather", rest, tensor.dtype),
                       label=name or "allgather", priority=priority, row=_row(shape)), comm)
-    return out if on_host(tensor) else out.as_in_context(tensor.context)
+    return _like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context))
 
 
 def _splits(splits, p: int, rows: int) -> list:
@@ -383,7 +390,8 @@ def alltoall(tensor, splits: Sequence[int] | None = None, name: str | None = Non
                       shapes=[shape], desc=_text(name, "alltoall", rest, tensor.dtype),
                       label=name or "alltoall", priority=priority, splits=splits,
                       row=_row(shape), aux=received), comm)
-    return (out if on_host(tensor) else out.as_in_context(tensor.context)), received
+    return (_like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context)),
+            _like(tensor, received))
 
 
 @_agreed("reduce_scatter", _native.REDUCE_SCATTER)
@@ -404,4 +412,4 @@ def reduce_scatter(tensor, average: bool = False, name: str | None = None, prior
                       desc=_text(name, "reduce_scatter", "shape=%s" % (shape,), tensor.dtype),
                       label=name or "reduce_scatter", priority=priority,
                       flags=flags, row=_row(shape)), comm)
-    return out if on_host(tensor) else out.as_in_context(tensor.context)
+    return _like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context))

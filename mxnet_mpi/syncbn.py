@@ -237,6 +237,14 @@ class SyncBatchNorm(HybridBlock):
     def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
         if F is not mx.nd:
             raise MPIKVStoreError("mxnet_mpi.SyncBatchNorm runs imperatively only")
+        if not isinstance(x, mx.np.ndarray):
+            return self._forward(F, x, gamma, beta, running_mean, running_var)
+        # after npx.set_np(): the same computation on legacy views of the same
+        # memory (and autograd entries), the result as an mx.np array again
+        legacy = [a.as_nd_ndarray() for a in (x, gamma, beta, running_mean, running_var)]
+        return self._forward(F, *legacy).as_np_ndarray()
+
+    def _forward(self, F, x, gamma, beta, running_mean, running_var):
         if not autograd.is_training() or self._use_global_stats:
             return F.BatchNorm(x, gamma, beta, running_mean, running_var, eps=self._eps,
                                momentum=self._momentum, axis=self._axis,

@@ -92,7 +92,7 @@ def test_api_on_ranks(tmp_path, np_):
                    env={"MXNET_MPI_STALL_WARN_S": "2"})
     found = _sections(tmp_path, np_)
     names = ["before_init", "init", "reductions", "gather_scatter", "objects", "process_sets",
-             "trainers", "name_counters", "timeline", "bad_input", "stall"]
+             "trainers", "name_counters", "timeline", "np_mode", "bad_input", "stall"]
     for r in range(np_):
         assert sorted(found[r]) == sorted(names), found[r]
         bad = {k: v for k, v in found[r].items() if v["status"] != "OK"}

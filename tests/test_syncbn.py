@@ -20,13 +20,17 @@ ALL_VARIANTS = "plain,frozen_input,frozen_gamma,scale_false,accumulate"
 
 
 @pytest.mark.parametrize("np_,offset,variants", [(2, 0, ALL_VARIANTS), (3, 0, "plain"),
-                                                 (2, 1000, "plain")])
+                                                 (2, 1000, "plain"),
+                                                 (2, 0, "numpy:plain,accumulate")])
 def test_syncbn_equals_batchnorm_on_the_global_batch(tmp_path, np_, offset, variants):
     """offset 1000: inputs of mean ~1000 and spread ~1, where E[x²] - mean² in
     float32 would lose the variance to rounding. Every variant (see
     syncbn_run.py) also checks that a forward in train mode outside
-    autograd.record() leaves the running statistics alone, as BatchNorm does."""
-    extra = ["--offset", str(offset), "--variants", variants]
+    autograd.record() leaves the running statistics alone, as BatchNorm does.
+    numpy: after npx.set_np(), on mx.np arrays (every use raised TypeError)."""
+    numpy_mode = variants.startswith("numpy:")
+    variants = variants.split(":")[-1]
+    extra = ["--offset", str(offset), "--variants", variants] + ["--numpy"] * numpy_mode
     run_pooled("syncbn_run.py", np_, str(tmp_path), *extra, timeout=120)
     run_pooled("syncbn_run.py", 1, str(tmp_path), "--reference", str(np_), *extra)
     # Inputs near 1000 are rounded to 6e-5 in float32, so BatchNorm's own results

@@ -526,6 +526,51 @@ def sec_stall(res: Results) -> None:
     res.equal(out, np.full((2,), N, np.float32), "the waited-for collective")
 
 
+def sec_np_mode(res: Results) -> None:
+    """After npx.set_np(), as gluoncv/d2l code runs: scaled reductions of
+    integer, float64 and float16 mx.np arrays (they raised TypeError from a
+    legacy operator, allreduce_ leaving the unscaled sum in place), 0-d and
+    empty ones, and every collective's result an mx.np array."""
+    from mxnet import np as mnp
+    from mxnet import npx
+    npx.set_np()
+    try:
+        every = [data(r, (3,), "int32") for r in range(N)]
+        total = sum(every)
+        res.equal(hvd.allreduce(mnp.array(every[R], dtype="int32")),
+                  (total.astype(np.float64) * (1.0 / N)).astype(np.int32), "np int average")
+        t = mnp.array(every[R], dtype="int32")
+        hvd.allreduce_(t, op=hvd.Sum, postscale_factor=0.5)
+        res.equal(t, (total.astype(np.float64) * 0.5).astype(np.int32), "np int allreduce_")
+        f64 = hvd.allreduce(mnp.array(data(R, (4,), "float64")), op=hvd.Sum,
+                            prescale_factor=0.3)
+        res.equal(f64, sum(data(r, (4,), "float64") * 0.3 for r in range(N)), "np float64")
+        f16 = hvd.allreduce(mnp.array(data(R, (4,), "float16")), op=hvd.Sum,
+                            postscale_factor=0.3)
+        want16 = (sum(data(r, (4,), "float16").astype(np.float32) for r in range(N)) *
+                  np.float32(0.3)).astype(np.float16)
+        res.equal(f16, want16, "np float16")
+        zero_d = hvd.allreduce(mnp.array(R + 3, dtype="int64"))
+        res.equal(zero_d, np.array(sum(r + 3 for r in range(N)) // N, dtype=np.int64),
+                  "np 0-d int average")
+        empty = hvd.allreduce(mnp.zeros((2, 0), dtype="int32"), postscale_factor=2.0)
+        res.equal(empty, np.zeros((2, 0), np.int32), "np empty")
+        x = mnp.array(data(R, (N * 2, 2)))
+        outs = {"allreduce": hvd.allreduce(x), "grouped": hvd.grouped_allreduce([x])[0],
+                "allgather": hvd.allgather(x), "alltoall": hvd.alltoall(x),
+                "reducescatter": hvd.reducescatter(x), "broadcast": hvd.broadcast(x, 0),
+                "ops.allreduce": mxnet_mpi.ops.allreduce(x, op="max"),
+                "ops.alltoall received": mxnet_mpi.ops.alltoall(x)[1]}
+        for what, out in outs.items():
+            out = out[0] if isinstance(out, tuple) else out
+            res.check(isinstance(out, mnp.ndarray), "%s returned %s" % (what, type(out)))
+        res.equal(mnp.maximum(outs["allreduce"], x), np.maximum(
+            sum(data(r, (N * 2, 2)) for r in range(N)) / N, data(R, (N * 2, 2))).astype(
+                np.float32), "np code on a result")
+    finally:
+        npx.reset_np()
+
+
 res = Results(OUT, R)
 res.run("before_init", sec_before_init)
 res.run("init", sec_init)
@@ -533,7 +578,7 @@ for name, fn in (("reductions", sec_reductions), ("gather_scatter", sec_gather_s
                  ("objects", sec_objects), ("process_sets", sec_process_sets),
                  ("trainers", sec_trainers), ("name_counters", sec_name_counters),
                  ("timeline", sec_timeline),
-                 ("bad_input", sec_bad_input), ("stall", sec_stall)):
+                 ("np_mode", sec_np_mode), ("bad_input", sec_bad_input), ("stall", sec_stall)):
     res.run(name, fn)
 res.write()
 print("rank %d done" % R, flush=True)

@@ -4,6 +4,7 @@
   python syncbn_run.py OUT_DIR --reference N      one process, BatchNorm, global batch
   --offset K: inputs of mean about K (spread about 1 + r)
   --variants a,b: also these uses of the layer (VARIANTS), each in a fresh layer
+--numpy: all of it after npx.set_np(), on mx.np arrays (gluoncv/d2l style)
 Saves, per variant, outputs, input gradients, gamma/beta gradients (summed over
 ranks, as the Trainer does) and running statistics.
 """
@@ -22,7 +23,11 @@ ap.add_argument("out_dir")
 ap.add_argument("--reference", type=int, default=0)
 ap.add_argument("--offset", type=float, default=0.0)
 ap.add_argument("--variants", default="plain")
+ap.add_argument("--numpy", action="store_true")
 args = ap.parse_args()
+if args.numpy:
+    mx.npx.set_np()
+array = mx.np.array if args.numpy else mx.nd.array
 out_dir, ref = args.out_dir, args.reference
 C = 3
 
@@ -44,17 +49,17 @@ VARIANTS = ("plain", "frozen_input", "frozen_gamma", "scale_false", "accumulate"
 def run(variant: str) -> dict:
     if ref:
         parts = [batch(r) for r in range(ref)]
-        x = mx.nd.array(np.concatenate([p[0] for p in parts]))
-        w = mx.nd.array(np.concatenate([p[1] for p in parts]))
+        x = array(np.concatenate([p[0] for p in parts]))
+        w = array(np.concatenate([p[1] for p in parts]))
         layer = gluon.nn.BatchNorm
     else:
         xa, wa = batch(mxnet_mpi.rank())
-        x, w = mx.nd.array(xa), mx.nd.array(wa)
+        x, w = array(xa), array(wa)
         layer = mxnet_mpi.SyncBatchNorm
     bn = layer(in_channels=C, momentum=0.9, epsilon=1e-5, scale=variant != "scale_false")
     bn.initialize()
-    bn.gamma.set_data(mx.nd.array([1.5, 0.5, -1.0]))
-    bn.beta.set_data(mx.nd.array([0.1, -0.2, 0.3]))
+    bn.gamma.set_data(array([1.5, 0.5, -1.0]))
+    bn.beta.set_data(array([0.1, -0.2, 0.3]))
     if variant == "frozen_gamma":
         bn.gamma.grad_req = "null"
     if variant == "accumulate":
@@ -68,6 +73,7 @@ def run(variant: str) -> dict:
             y = bn(x)
             loss = (y * w).sum()
         loss.backward()
+    assert isinstance(y, mx.np.ndarray) == args.numpy, type(y)
     result = {"y": y.asnumpy(), "running_mean": bn.running_mean.data().asnumpy(),
               "running_var": bn.running_var.data().asnumpy()}
     if variant != "frozen_input":
@@ -83,7 +89,10 @@ def run(variant: str) -> dict:
 
 
 os.makedirs(out_dir, exist_ok=True)
-for variant in args.variants.split(","):
-    name = ("ref_%s.npz" if ref else "rank%d_%%s.npz" % mxnet_mpi.rank()) % variant
-    np.savez(os.path.join(out_dir, name), **run(variant))
+try:
+    for variant in args.variants.split(","):
+        name = ("ref_%s.npz" if ref else "rank%d_%%s.npz" % mxnet_mpi.rank()) % variant
+        np.savez(os.path.join(out_dir, name), **run(variant))
+finally:
+    mx.npx.reset_np()   # a pooled process runs other scripts next
 print("done", flush=True)
