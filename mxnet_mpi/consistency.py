@@ -27,7 +27,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
 
-from . import settings
+from . import settings, weight_writes
 from .collectives import RankTable
 from .errors import MPIKVStoreError
 from .joining import broadcast_from
@@ -191,13 +191,20 @@ def check_trainer_after_writes(trainer, watch, table: Callable[[np.ndarray], np.
     weights = [(trainer._params[i].name, trainer._params[i].list_data()[0]
                 if trainer._params[i]._data is not None else None, i) for i in kept]
     here = {k for k, i in enumerate(kept) if i in watch.params} if watch is not None else set()
+
+    def still_apart(positions: list, states: bool) -> None:
+        for k in positions:
+            weight_writes.note(trainer._params[kept[k]])
+        if states:
+            weight_writes.note(trainer)
     check_after_writes(weights, trainer._optimizer, trainer._updaters[0], table, what, writers,
-                       outcome, fix, here, watch is not None and watch.states)
+                       outcome, fix, here, watch is not None and watch.states, still_apart)
 
 
 def check_after_writes(weights: list, optimizer, updater,
                        table: Callable[[np.ndarray], np.ndarray], what: str, writers: int,
-                       outcome: str, fix: str, params_here, states_here: bool) -> None:
+                       outcome: str, fix: str, params_here, states_here: bool,
+                       still_apart: Callable[[list, bool], None]) -> None:
     """After `writers` rank(s) wrote weights or optimizer states outside
     training (weight_writes.py), compare the `weights` ([(name, array or
     None, optimizer index)], in an order the same on every rank) that any rank
@@ -207,16 +214,21 @@ def check_after_writes(weights: list, optimizer, updater,
     returns every rank's int64 row: a collectives.RankTable) and raise MPIKVStoreError on
     every rank if any differ. Only what was written is hashed: a program that
     sets a weight every step pays for that weight alone. `what` names the
-    call, `outcome` what became of it, `fix` how else to make them alike."""
+    call, `outcome` what became of it, `fix` how else to make them alike.
+    Before raising, `still_apart(weight positions, states)` notes what differs
+    as written again, so that every later step compares it again (and fails
+    again) until the ranks hold the same values: a program that caught the
+    error and stepped on trained apart, silently."""
     mask = np.zeros(len(weights) + 1, dtype=np.int64)
     mask[sorted(params_here)] = 1
     mask[-1] = 1 if states_here else 0
     anywhere = table(mask).any()
-    labels, hashes = [], []
+    labels, hashes, positions = [], [], []   # positions: in `weights`, or None (states)
     for k, (name, arr, _) in enumerate(weights):
         if anywhere[k]:
             labels.append("the weights of %r" % name)
             hashes.append(_digest(arr) if arr is not None else 0)
+            positions.append(k)
     if anywhere[-1]:
         # MXNet counts per device id, and `_index_update_count` is the table of
         # the device updated last, which depends on the rank's devices
@@ -226,12 +238,15 @@ def check_after_writes(weights: list, optimizer, updater,
             hashes.append(_state_digest(updater, index, counts.get(index)))
         labels.append("the optimizer's update count")
         hashes.append(int(optimizer.num_update))
+        positions.extend([None] * (len(labels) - len(positions)))
     if not hashes:
         return
     rows = table(np.array(hashes, dtype=np.int64))
     bad = rows.differing()
     if not bad:
         return
+    still_apart([positions[j] for j in bad if positions[j] is not None],
+                any(positions[j] is None for j in bad))
     if any(labels[j].startswith("the optimizer") for j in bad):
         # a broadcast of the weights (the usual `fix`) leaves the states apart
         remedy = (": load the same files on every rank (Trainer.load_states, "
@@ -240,8 +255,9 @@ def check_after_writes(weights: list, optimizer, updater,
     else:
         remedy = "(load the same files on every rank), or %s" % fix
     raise MPIKVStoreError(
-        "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training (%s), "
-        "and now the ranks differ in %d of them: first %s, where rank(s) %s differ from rank "
+        "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training (%s) "
+        "or had them found apart at an earlier step and not made alike since, and now the "
+        "ranks differ in %d of them: first %s, where rank(s) %s differ from rank "
         "%d. Each rank updates its own copy, so they would drift apart; %s. Write them alike "
         "on every rank %s"
         % (what, writers, WRITES, len(bad), labels[bad[0]],

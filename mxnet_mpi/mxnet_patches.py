@@ -426,7 +426,7 @@ def _module_checks(module, kv, what: str, now: bool = False) -> None:
         check_after_writes(weights, optimizer, updater,
                            lambda row: kv.rank_table(row, WRITES_DESC), what, writers,
                            MODULE_OUTCOME, MODULE_FIX, set(range(len(weights))) if whole
-                           else set(), whole)
+                           else set(), whole, lambda *_: _note_module_write(module))
     check = kv.settings_settle if now else kv.settings_check
     check(lambda: describe(optimizer, optimizer.rescale_grad),
           lambda: watch is not None and watch.written(updater, ()), after_writes)

@@ -78,8 +78,9 @@ def hvd_trainer(net):
 
 def section_set_data(res: Results, update_path: bool = False) -> None:
     """Two steps, then set_data on rank 1: the third step is refused on every
-    rank and changes nothing; check_consistency(action='broadcast') copies
-    rank 0's weights, and training goes on."""
+    rank and changes nothing, and so is the next while they differ;
+    check_consistency(action='broadcast') copies rank 0's weights, and
+    training goes on."""
     net, x, y = small_net_and_data(RANK)
     trainer = gluon(net)
     for _ in range(2):
@@ -92,6 +93,12 @@ def section_set_data(res: Results, update_path: bool = False) -> None:
                    "the weights of %r" % net[1].weight.name)
     res.check(all((a == b).all() for a, b in zip(before, weights(net))),
               "the refused step changed the weights")
+    # caught and stepped again without making them alike: refused again (it
+    # trained on apart, silently)
+    expect_refusal(res, lambda: step(net, trainer, x, y, update_path), where[:-1],
+                   "the weights of %r" % net[1].weight.name)
+    res.check(all((a == b).all() for a, b in zip(before, weights(net))),
+              "the second refused step changed the weights")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mxnet_mpi.check_consistency(trainer, action="broadcast")
