@@ -157,8 +157,16 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
         broadcast_from(kv, 0, params, why="consistency check", workers=True)
         mx.nd.waitall()
         text += "; copied rank 0's weights to every rank"
-    warnings.warn(text, RuntimeWarning, stacklevel=2)
+    global _warned
+    _warned += 1
+    # numbered: Python's default filter shows a warning text once per place,
+    # which hid every later check that still found the ranks apart
+    warnings.warn("%s (difference %d found by this process)" % (text, _warned), RuntimeWarning,
+                  stacklevel=2)
     return differ
+
+
+_warned = 0
 
 
 #: The calls whose writes are noted (weight_writes.py).

@@ -25,7 +25,7 @@ def test_api_finds_names_raises_and_repairs(mode):
     assert len(res) == 2, proc.stdout
     for r in res:
         assert r["clean"] == "True" and r["one_collective"] == "True"
-        assert r["found"] == "['dense1_weight']" and r["warned"] == "True"
+        assert r["found"] == "['dense1_weight']" and r["warned"] == r["repeated"] == "True"
         assert r["raised"] == "yes" and r["still_differ"] == "True" and r["fixed"] == "True"
     assert "first 'dense1_weight' (key 3), where rank(s) 1 differ from rank 0" in proc.stdout
 
