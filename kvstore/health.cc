@@ -251,6 +251,10 @@ std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& pe
     }
     missing << ")";
   }
+  if (!*any_missing)  // it named nobody ("Missing ranks:.") where every rank is in it
+    return ". Ranks waiting on it:" + waiting.str() + ". No rank is missing: every rank has "
+           "issued it and its data moves slowly or not at all (a link between hosts down, "
+           "congested or losing packets, or ranks that do not get the CPU)";
   return ". Ranks waiting on it:" + waiting.str() + ". Missing ranks:" + missing.str();
 }
 
