@@ -142,7 +142,9 @@ TABLE: tuple = (
             "[across-hosts.md](across-hosts.md#transport-settings))"),
     Setting("MXNET_MPI_NETNS_PREFIX", "str", "mxmpi-",
             "names of what `mxnet_mpi.testing.netns` creates (namespaces, links) start with "
-            "this"),
+            "this (a '-' is added to one that ends in a letter or digit, so that one prefix "
+            "starting with another, 'h1' and 'h14', cannot mistake the other's names for its "
+            "own)"),
     Setting("MXNET_MPI_CYCLE_US", "int", 200,
             "funneled: pause after a cycle in which ranks agreed on nothing",
             maximum=1_000_000),

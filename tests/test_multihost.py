@@ -179,3 +179,16 @@ def test_harness_leaves_nothing_behind(sig):
         assert set(names[:2]) <= set(removed)    # ... until the stale clean-up
         assert str(files) in removed
     assert _exists(names) == [] and not files.exists()
+
+
+def test_stale_clean_up_leaves_other_prefixes_alone():
+    """Another user's prefix that starts with ours (MXNET_MPI_NETNS_PREFIX
+    'mxmpi-zz9' against 'mxmpi-'): its names were read as ours, made by a
+    dead pid ('zz9' in base 36), and removed, live cluster and all."""
+    other = netns.PREFIX + "zz9-1-h0"
+    subprocess.run(["ip", "netns", "add", other], check=True)
+    try:
+        assert other not in netns.cleanup_stale()
+        assert _exists([other]) == [other]
+    finally:
+        subprocess.run(["ip", "netns", "del", other], check=False)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -42,9 +43,19 @@ from pathlib import Path
 
 from mxnet_mpi import settings
 
+
+def _separated(prefix: str) -> str:
+    """`prefix` ending in a separator: with 'h1' and 'h14' as two users'
+    prefixes, 'h1' + 'h14...' names read as 'h1' + '4...', another pid's."""
+    return prefix + "-" if prefix[-1:].isalnum() else prefix
+
+
 # Names of everything made here start with this (MXNET_MPI_NETNS_PREFIX, so
 # that several users of one machine can tell their namespaces apart).
-PREFIX = settings.get("MXNET_MPI_NETNS_PREFIX")
+PREFIX = _separated(settings.get("MXNET_MPI_NETNS_PREFIX"))
+# what follows PREFIX in a name made here: the creator's pid in base 36, then
+# a host, the bridge, a link, the files directory or the probe
+_MADE_HERE = re.compile(r"([0-9a-z]+)(-h\d+|\.b|\.\d+|-files-.+|-probe)")
 _LIVE: list = []          # clusters to close at exit / on a signal
 _OLD_HANDLERS: dict = {}
 
@@ -91,13 +102,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _owner(name: str) -> int | None:
-    """The pid that created a namespace (``mxmpi-<pid36>-...``) or a link
-    (``mxmpi-<pid36>.<suffix>``)."""
-    tag = name[len(PREFIX):].split("-")[0].split(".")[0]
-    try:
-        return int(tag, 36)
-    except ValueError:
-        return None
+    """The pid that created a namespace (``mxmpi-<pid36>-h<i>``), a link
+    (``mxmpi-<pid36>.<suffix>``) or a files directory; None for a name not
+    made here (another prefix that starts with ours), which is never removed."""
+    m = _MADE_HERE.fullmatch(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+    return int(m.group(1), 36) if m else None
 
 
 def netns_pids(ns: str) -> list:
@@ -123,6 +132,9 @@ def cleanup_stale() -> list:
     """Delete ``mxmpi-*`` namespaces, links and file directories (the agent
     script, hostfiles) whose creating process is gone (left by a run killed
     with SIGKILL); returns their names."""
+    if PREFIX == "":
+        raise RuntimeError("MXNET_MPI_NETNS_PREFIX is empty: every namespace would look like "
+                           "ours")
     removed = []
     for d in Path(tempfile.gettempdir()).glob(PREFIX + "*-files-*"):
         owner = _owner(d.name)
@@ -131,15 +143,15 @@ def cleanup_stale() -> list:
             removed.append(str(d))
     for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
         ns = line.split()[0] if line.split() else ""
-        owner = _owner(ns) if ns.startswith(PREFIX) else None
-        if ns.startswith(PREFIX) and (owner is None or not _pid_alive(owner)):
+        owner = _owner(ns)
+        if owner is not None and not _pid_alive(owner):
             _kill_netns_procs(ns)
             _sh("ip", "netns", "del", ns, check=False)
             removed.append(ns)
     for line in _sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        owner = _owner(name) if name.startswith(PREFIX) else None
-        if name.startswith(PREFIX) and (owner is None or not _pid_alive(owner)):
+        owner = _owner(name)
+        if owner is not None and not _pid_alive(owner):
             _sh("ip", "link", "del", name, check=False)
             removed.append(name)
     return removed
