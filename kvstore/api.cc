@@ -41,7 +41,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 9;
+constexpr int kAbiVersion = 10;
 
 namespace mxnet_mpi {
 namespace {
@@ -402,6 +402,7 @@ MXMPI_API const char* mxmpi_abi() {
     value("RequestFlags.kMin", kMin);
     value("RequestFlags.kMax", kMax);
     value("RequestFlags.kProduct", kProduct);
+    value("RequestFlags.kStatesLoaded", kStatesLoaded);
     value("ExecKind.kChained", static_cast<int>(ExecKind::kChained));
     value("ExecKind.kFunneled", static_cast<int>(ExecKind::kFunneled));
     value("ExecKind.kConcurrent", static_cast<int>(ExecKind::kConcurrent));

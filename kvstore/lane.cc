@@ -53,6 +53,8 @@ std::string Reduction(int flags) {
   if (flags & kMin) s += ", min";
   if (flags & kMax) s += ", max";
   if (flags & kProduct) s += ", product";
+  if (flags & kStatesLoaded)
+    s += ", its first push after load_optimizer_states on this rank: load them on every rank";
   return s;
 }
 

@@ -41,6 +41,10 @@ enum RequestFlags : int {
   kMin = 4,
   kMax = 8,
   kProduct = 16,
+  // A tag that changes no result: this rank's first push after it loaded
+  // optimizer states (kv.load_optimizer_states). Ranks differing in it
+  // disagree on the collective: the states were loaded on some ranks only.
+  kStatesLoaded = 32,
 };
 constexpr int kNotSum = kMin | kMax | kProduct;
 

@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -36,6 +36,7 @@ FLAG_COMPRESS_FP16 = 2
 FLAG_MIN = 4
 FLAG_MAX = 8
 FLAG_PRODUCT = 16
+FLAG_STATES_LOADED = 32   # a tag: the first push after load_optimizer_states
 
 # store kinds (kvstore/store.h ExecKind)
 EXEC_CHAINED = 0
@@ -53,7 +54,7 @@ _ENUMS = {
     "OpKind.kReduceScatter": REDUCE_SCATTER,
     "RequestFlags.kAverage": FLAG_AVERAGE, "RequestFlags.kCompressFp16": FLAG_COMPRESS_FP16,
     "RequestFlags.kMin": FLAG_MIN, "RequestFlags.kMax": FLAG_MAX,
-    "RequestFlags.kProduct": FLAG_PRODUCT,
+    "RequestFlags.kProduct": FLAG_PRODUCT, "RequestFlags.kStatesLoaded": FLAG_STATES_LOADED,
     "ExecKind.kChained": EXEC_CHAINED, "ExecKind.kFunneled": EXEC_FUNNELED,
     "ExecKind.kConcurrent": EXEC_CONCURRENT,
 }

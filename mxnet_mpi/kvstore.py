@@ -17,7 +17,7 @@ import pickle
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, modes, settings, staging
+from . import _native, modes, settings, staging, weight_writes
 from .batch_sizes import BatchSizes, SettingsComparison
 from .collectives import (
     Stream,
@@ -25,6 +25,7 @@ from .collectives import (
     check_same_layout,
     on_host,
 )
+from .consistency import check_after_writes
 from .errors import MPIKVStoreError
 from .joining import join_store, register
 from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
@@ -68,6 +69,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         self._stored: dict = {}   # values kept for pull()
         self._merge: dict = {}    # per-key device-sum buffers
         self._updater = None
+        self._states_loaded = False   # load_optimizer_states, until the next push
         self._optimizer = None
         self._compression = "none"
         self._average = bool(settings.get("MXNET_MPI_AVERAGE") if average is None
@@ -260,14 +262,37 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
             else:
                 dst = mx.nd.empty(src.shape, ctx=src.context, dtype=src.dtype)
                 updates.append((k, dst))
+            tag = _native.FLAG_STATES_LOADED if self._states_loaded else 0
             return self._item(_native.ALLREDUCE, "allreduce", k, src, dst, [dst], priority,
-                              self._flags(info.dtype, k))
+                              self._flags(info.dtype, k) | tag)
 
+        if self._updater is not None:
+            # optimizer settings, and states loaded on some ranks only, compared
+            # once per SETTINGS_COLLECTIVES collectives, as for a Module
+            watch = self._updater._mxmpi_writes
+            self.settings_check(lambda: describe(self._optimizer),
+                                lambda: watch.written(self._updater, ()), self._after_writes)
         try:
             self._run(groups, build, _native.ALLREDUCE, "allreduce")
         finally:
+            self._states_loaded = False
             for k, grad in updates:
                 self._updater(k, grad, self._stored[k])
+
+    def _after_writes(self, writers: int) -> None:
+        """Some rank loaded optimizer states (load_optimizer_states): compare
+        every rank's states and stored weights (collective)."""
+        keys = sorted(self._stored, key=lambda k: (isinstance(k, str), k))
+        weights = [(repr(k), self._stored[k], k) for k in keys]
+        whole = self._updater._mxmpi_writes.states
+        check_after_writes(
+            weights, self._optimizer, self._updater,
+            lambda row: self.rank_table(row, "hashes of the stored weights and optimizer states"),
+            "kvstore '%s' push" % self.type, writers,
+            "they were compared at this push, some pushes after the load, and have been "
+            "updated apart since", "call load_optimizer_states on every rank",
+            set(range(len(weights))) if whole else set(), whole,
+            lambda *_: weight_writes.note(self._updater))
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Copy the stored value of `key` (from init or push) into `out`."""
@@ -315,9 +340,11 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         self.batch_agreement(0, "set_optimizer", describe(optimizer)).total()
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
+        self._updater._mxmpi_writes = weight_writes.Watch()
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
-        """Write the optimizer states (rank 0 is enough: all ranks hold the same)."""
+        """Write the optimizer states (rank 0 is enough: all ranks hold the same;
+        load them on every rank)."""
         if self._updater is None:
             raise MPIKVStoreError("no optimizer set on kvstore '%s': call set_optimizer "
                                   "first" % self.type)
@@ -325,13 +352,20 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
             f.write(self._updater.get_states(dump_optimizer))
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Read optimizer states written by save_optimizer_states."""
+        """Read optimizer states written by save_optimizer_states (on every
+        rank: loaded on some ranks only, the states differ, which a later push
+        names on every rank)."""
         if self._updater is None:
             raise MPIKVStoreError("no optimizer set on kvstore '%s': call set_optimizer "
                                   "first" % self.type)
         with open(fname, "rb") as f:
             self._updater.set_states(f.read())
         self._optimizer = self._updater.optimizer
+        # every rank must load them: a load on some ranks only is named at a
+        # later push (settings_check), as Module.load_optimizer_states is
+        weight_writes.note(self._updater)
+        # and its first push tells the ranks apart at once (a tag they compare)
+        self._states_loaded = True
 
     # ------------------------------------------------------------ uneven data
     #: Whether join() can even out this store's ranks (the hybrid stores cannot:

@@ -97,3 +97,55 @@ class ModuleStates:
                        lambda k: {i * n + k: c for i, c in counts.items()})
             opt.idx2name = dict(self._updater.optimizer.idx2name)   # this rank's numbering
             self.optimizer = opt
+
+
+# In a Module states file written on our stores: its states are keyed by
+# parameter (device 0's), whatever the devices of the rank that wrote it.
+# MXNet's updater ignores a key it never updates, so plain MXNet on one
+# device loads such a file as its own.
+BY_PARAMETER = "mxnet_mpi: states by parameter"
+
+
+def file_blob(module) -> bytes:
+    """What Module.save_optimizer_states writes: the updater's states by
+    parameter, marked so (a file that a rank on any number of devices loads)."""
+    states = pickle.loads(ModuleStates(module).get_states())
+    states[BY_PARAMETER] = True
+    return pickle.dumps(states)
+
+
+def load_file_blob(module, blob: bytes) -> None:
+    """Module.load_optimizer_states' half: a file by parameter (file_blob) is
+    spread over this module's devices; one of MXNet's, numbered parameter x
+    devices + device, is renumbered when its numbering shows another number of
+    devices than this module's (its states went to other parameters: wrong
+    updates, or a crash), else loaded as MXNet loads it."""
+    loaded = pickle.loads(blob)
+    states = loaded[0] if isinstance(loaded, tuple) else loaded
+    if isinstance(states, dict) and states.pop(BY_PARAMETER, False):
+        ModuleStates(module).set_states(pickle.dumps(loaded))
+        return
+    here = len(module._context)
+    saved = _devices_of(states, len(module._exec_group.param_arrays), here)
+    if saved == here:
+        module._updater.set_states(blob)
+        return
+    by_param = {i // saved: s for i, s in states.items() if i % saved == 0}
+    ModuleStates(module).set_states(pickle.dumps(
+        (by_param, loaded[1]) if isinstance(loaded, tuple) else by_param))
+
+
+def _devices_of(states, params: int, here: int) -> int:
+    """The number of devices that numbered `states` (keys parameter x devices
+    + device, every device of a parameter present): `here` where that fits."""
+    if not isinstance(states, dict) or not states or \
+            not all(isinstance(k, int) and k >= 0 for k in states):
+        return here
+    keys = set(states)
+
+    def fits(d: int) -> bool:
+        return all(k // d < params and all(k - k % d + j in keys for j in range(d))
+                   for k in keys)
+    if fits(here):
+        return here
+    return next((d for d in range(1, max(keys) + 2) if fits(d)), here)

@@ -21,7 +21,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, joining, report, weight_writes
+from . import _native, joining, module_states, report, weight_writes
 from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
@@ -512,8 +512,26 @@ def _patch_module() -> None:
 
     @functools.wraps(orig_load_states)
     def load_optimizer_states(self, fname):
-        orig_load_states(self, fname)
+        if isinstance(self._kvstore, MPIKVStore) and not self._update_on_kvstore:
+            assert self.optimizer_initialized
+            with open(fname, "rb") as f:
+                module_states.load_file_blob(self, f.read())
+        else:
+            orig_load_states(self, fname)
         _note_module_write(self)
+
+    orig_save_states = Module.save_optimizer_states
+
+    @functools.wraps(orig_save_states)
+    def save_optimizer_states(self, fname):
+        if not isinstance(self._kvstore, MPIKVStore) or self._update_on_kvstore:
+            return orig_save_states(self, fname)
+        # by parameter: MXNet's numbering (parameter x devices + device) loads
+        # wrongly on a rank with another number of devices
+        assert self.optimizer_initialized
+        with open(fname, "wb") as f:
+            f.write(module_states.file_blob(self))
+        return None
 
     @functools.wraps(orig_update_module)
     def update(self):
@@ -556,6 +574,7 @@ def _patch_module() -> None:
     Module.init_params = init_params
     Module.set_params = set_params
     Module.load_optimizer_states = load_optimizer_states
+    Module.save_optimizer_states = save_optimizer_states
     Module.update = update
     module_mod._initialize_kvstore = _initialize_kvstore
     module_mod._update_params = _update_params

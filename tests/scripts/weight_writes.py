@@ -299,7 +299,84 @@ def section_module_fit(res: Results) -> None:
         batch_end_callback=callback), "Module.fit: end of epoch", "the weights of 'fcw_")
 
 
+STORE_SHAPES = {"sa": (4, 3), "sb": (5,)}
+
+
+def store_grad(step: int, key: str, rank: int) -> np.ndarray:
+    return np.random.RandomState(100 * step + 7 * rank + len(key)).randn(
+        *STORE_SHAPES[key]).astype(np.float32)
+
+
+def adam_store(kind: str):
+    kv = mx.kv.create(kind)
+    kv.set_optimizer(mx.optimizer.Adam(learning_rate=0.05, rescale_grad=1.0 / SIZE))
+    for i, (k, shape) in enumerate(sorted(STORE_SHAPES.items())):
+        kv.init(k, mx.nd.array(np.random.RandomState(i).rand(*shape)))
+    return kv
+
+
+def store_weights(kv) -> list:
+    outs = [mx.nd.zeros(STORE_SHAPES[k]) for k in sorted(STORE_SHAPES)]
+    for k, o in zip(sorted(STORE_SHAPES), outs):
+        kv.pull(k, out=o)
+    return [o.asnumpy() for o in outs]
+
+
+def section_store_states(res: Results) -> None:
+    """A store with an optimizer (set_optimizer, push, pull): states saved by
+    rank 0 and loaded on every rank train on as one process does; loaded on
+    rank 0 only (a resume that loads there alone), the next push is refused
+    on every rank naming the load (the ranks trained on apart, exit 0)."""
+    kv = adam_store("mpi_" + MODE)
+    ref = adam_store("local")   # one process pushing the sum of every rank's gradients
+    path = os.path.join(OUTDIR, "store.states")
+    for step in range(5):
+        if step == 3:
+            if RANK == 0:
+                kv.save_optimizer_states(path)
+            mxnet_mpi.allreduce_(mx.nd.ones((1,))).wait_to_read()   # the file is written
+            kv.load_optimizer_states(path)
+        for k in sorted(STORE_SHAPES):
+            kv.push(k, mx.nd.array(store_grad(step, k, RANK)))
+            ref.push(k, mx.nd.array(sum(store_grad(step, k, r) for r in range(SIZE))))
+    for got, want in zip(store_weights(kv), store_weights(ref)):
+        res.check(np.allclose(got, want, rtol=1e-6, atol=1e-7),
+                  "after a load on every rank: off by %g" % np.abs(got - want).max())
+    digests["store_states"] = hashlib.sha256(b"".join(
+        w.tobytes() for w in store_weights(kv))).hexdigest()
+    if RANK == 0:
+        kv.load_optimizer_states(path)
+    try:
+        for k in sorted(STORE_SHAPES):
+            kv.push(k, mx.nd.array(store_grad(5, k, RANK)))
+        store_weights(kv)
+        res.check(False, "no error after a load on rank 0 only")
+    except mxnet_mpi.MPIKVStoreError as e:
+        res.check("load_optimizer_states on this rank: load them on every rank" in str(e),
+                  str(e)[:600])
+
+
+def section_store_settings(res: Results) -> None:
+    """A store with an optimizer whose learning rate one rank changes: named on
+    every rank within 64 of the store's collectives (it trained on apart)."""
+    kv = mx.kv.create("mpi_" + MODE)
+    opt = mx.optimizer.SGD(learning_rate=0.1)
+    kv.set_optimizer(opt)
+    kv.init("w", mx.nd.zeros((3,)))
+    try:
+        for step in range(200):
+            if step == 2 and RANK == 1:
+                opt.set_learning_rate(0.2)
+            kv.push("w", mx.nd.ones((3,)))
+        mx.nd.waitall()
+        res.check(False, "200 pushes with the learning rate changed on rank 1: no error")
+    except mxnet_mpi.MPIKVStoreError as e:
+        res.check("learning_rate" in str(e) or "lr" in str(e), str(e)[:600])
+
+
 SECTION_FNS = {
+    "store_states": section_store_states,
+    "store_settings": section_store_settings,
     "set_data": section_set_data,
     "set_data_update": lambda res: section_set_data(res, update_path=True),
     "load_parameters": section_load_parameters,
