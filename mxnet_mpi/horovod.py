@@ -836,6 +836,19 @@ def _split(items: list, groups: int) -> list:
     return [g for g in split_list(items, groups) if g]
 
 
+def _registered(ranks: list) -> ProcessSet:
+    """The registered process set of these world ranks (loading optimizer
+    states saved for it)."""
+    for set_id, entry in _state.sets.items():
+        if list(entry.ranks) == list(ranks):
+            ps = ProcessSet(ranks)
+            ps.process_set_id = set_id
+            return ps
+    raise ValueError("these optimizer states were saved for a DistributedOptimizer on process "
+                     "set %s, which is not registered in this job: register it "
+                     "(hvd.add_process_set) before loading them" % (list(ranks),))
+
+
 def _trainer_set(process_set) -> ProcessSet:
     """A registered process set (this rank a member or not), for the trainers."""
     process_set = global_process_set if process_set is None else process_set
@@ -867,15 +880,26 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return getattr(self._optimizer, item)
 
     # Trainer.save_states pickles the optimizer: a comparison in flight holds
-    # an array read through its memory, which a copy would not share.
+    # an array read through its memory, which a copy would not share. The
+    # process set goes as its ranks (None: the global set) and the size that
+    # rescale_grad was divided by: a file saved on 2 ranks and loaded on 3
+    # kept the old job's set (rank 2 outside it, stepping alone) and 1/2.
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_settings", None)
+        ps = state.pop("_process_set")
+        state["_set_ranks"] = None if ps.process_set_id == 0 else list(ps.ranks)
+        state["_set_size"] = ps.size()
         return state
 
     def __setstate__(self, state):
+        ranks, saved = state.pop("_set_ranks", None), state.pop("_set_size", None)
         super().__setstate__(state)
         self._settings = SettingsComparison(SETTINGS_UPDATES)
+        self._process_set = global_process_set if ranks is None else _registered(ranks)
+        size = self._process_set.size()
+        if saved and size and saved != size:   # as if made in this job
+            self._optimizer.rescale_grad *= saved / size
 
     def create_state(self, index, weight):
         return self._optimizer.create_state(index, weight)

@@ -334,3 +334,21 @@ def test_names_and_signatures_match_real_horovod():
         mine = list(inspect.signature(ours).parameters)
         assert mine[:len(params)] == params, (
             "%s: our parameters %s do not start with Horovod's %s" % (name, mine, params))
+
+
+def _rows(proc) -> list:
+    return [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+
+
+@pytest.mark.parametrize("load_on", [3, 1])
+def test_distributed_optimizer_states_load_on_another_number_of_ranks(tmp_path, load_on):
+    """trainer.save_states of a DistributedOptimizer on 2 ranks, loaded on 3 or
+    1: the same step as a fresh optimizer there (it kept the saving job's
+    process set, rank 2 outside it stepping alone, and its 1/2 scaling)."""
+    path = str(tmp_path / "opt.states")
+    run_pooled("hvd_states.py", 2, path, "save", timeout=120)
+    loaded = _rows(run_pooled("hvd_states.py", load_on, path, "load", timeout=120))
+    fresh = _rows(run_pooled("hvd_states.py", load_on, path, "fresh", timeout=120))
+    assert len(loaded) == len(fresh) == load_on
+    assert sorted(loaded, key=lambda r: r["rank"]) == sorted(fresh, key=lambda r: r["rank"])
+    assert all(r["included"] for r in loaded)
