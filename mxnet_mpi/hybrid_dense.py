@@ -8,6 +8,7 @@ servers.
 from __future__ import annotations
 
 import mxnet as mx
+import numpy as np
 
 from .errors import MPIKVStoreError
 from .hybrid_sparse import full_rsp
@@ -79,6 +80,13 @@ class DensePath:
         holding every row (ps-lite's servers take a row_sparse initial value as
         all rows in order, and row_sparse pushes need a row_sparse stored value)."""
         _check_key(key)
+        if np.dtype(values[0].dtype).kind != "f":
+            # MXNet's server aborts on them (kvstore_dist_server.h: "only support
+            # floating point types"), ending the job with no word from us
+            raise MPIKVStoreError(
+                "key %r is %s: the parameter servers of kvstore '%s' (MXNet's own server "
+                "code) take floating-point arrays only; reduce integer arrays with kvstore "
+                "'mpi' or mxnet_mpi.allreduce_" % (key, np.dtype(values[0].dtype), self.type))
         if values[0].stype == "row_sparse":
             dense = values[0].tostype("default")
             self._world_broadcast(key, dense)

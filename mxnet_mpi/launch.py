@@ -155,6 +155,7 @@ class Child:
         self.killed_at: float | None = None   # when SIGKILL found it still running
         self.lost_hosts: list = []
         self.unstarted_hosts: set = set()   # lost before their daemon ever reported
+        self.hostfile_hosts: list = []      # the names the user gave (--hostfile)
         self.thread = self.thread2 = None
         if prefix_output:
             self.thread = threading.Thread(target=self._forward, daemon=True)
@@ -353,7 +354,9 @@ def _glue_mpirun_args(argv: list) -> list:
         a = argv[i]
         if a == "--":
             return out + argv[i:]
-        if a == "--mpirun-arg" and i + 1 < len(argv) and argv[i + 1] != "--":
+        # argparse also takes an unambiguous prefix (--mpirun, --m)
+        if len(a) >= 3 and "--mpirun-arg".startswith(a) and i + 1 < len(argv) \
+                and argv[i + 1] != "--":
             out.append("--mpirun-arg=" + argv[i + 1])
             i += 2
             continue
@@ -460,6 +463,7 @@ def main(argv: list | None = None) -> int:
                 cmd += ["--map-by", "slot"]
         cmd += args.mpirun_arg + through_runner(args.command)
         mpirun = Child("mpirun", cmd, env, prefix_output=False, watch_stderr=True)
+        mpirun.hostfile_hosts = _hostfile_hosts(args.hostfile)
         children.append(mpirun)
         log("pids: %s" % " ".join("%s=%d" % (c.name.replace(" ", ""), c.pid)
                                   for c in children))
@@ -489,7 +493,8 @@ def _verdict(watch: RankWatch, rc: int, mpirun: Child | None = None) -> int:
             thread.join(timeout=2)   # its last lines
     lost = mpirun.lost_hosts if mpirun is not None else []
     if lost and not lines:   # ranks that do not report: what mpirun said
-        lines = ["host %s: %s" % (h, _UNSTARTED if h in mpirun.unstarted_hosts
+        lines = ["host %s: %s" % (_named(h, mpirun.hostfile_hosts),
+                                  _UNSTARTED if h in mpirun.unstarted_hosts
                                   else "lost by mpirun (its daemon stopped answering)")
                  for h in lost]
     for line in lines:
@@ -498,6 +503,21 @@ def _verdict(watch: RankWatch, rc: int, mpirun: Child | None = None) -> int:
         log("mpirun exited 0, but not every rank finished cleanly: the job failed")
         return 1
     return rc
+
+
+def _named(host: str, hostfile_hosts: list) -> str:
+    """`host` as the hostfile names it (Open MPI cuts names at the first dot)."""
+    return next((h for h in hostfile_hosts if h == host or h.startswith(host + ".")), host)
+
+
+def _hostfile_hosts(hostfile: str | None) -> list:
+    if not hostfile:
+        return []
+    try:
+        lines = Path(hostfile).read_text().splitlines()
+    except OSError:
+        return []
+    return [ln.split("#")[0].split()[0] for ln in lines if ln.split("#")[0].split()]
 
 
 def _settle(watch: RankWatch, timeout: float = 3.0) -> None:

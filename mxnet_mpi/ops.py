@@ -221,6 +221,13 @@ def _reduce_into(tensors: Sequence, outs: Sequence, average: bool, name: str | N
             d.copyto(o)
 
 
+def _host_ctx(tensor):
+    """Where a new result is made: the input's own CPU context (cpu(1) too;
+    mx.cpu() put it on cpu(0), where the caller's blocks are not), else the
+    host, from which it is copied to the input's device."""
+    return tensor.context if on_host(tensor) else mx.cpu()
+
+
 def _like(tensor, out):
     """`out` (made as a legacy NDArray) as the kind of array `tensor` is: an
     mx.np array for an mx.np input (the same memory), as MXNet's own
@@ -340,7 +347,7 @@ def allgather(tensor, name: str | None = None, priority: int = 0, store=None, *,
     rest = "shape=(*, %s)" % ", ".join(map(str, shape[1:])) if len(shape) > 1 else "shape=(*,)"
     rows = _exchange(store, comm, _native.ALLGATHER, np.array([shape[0]], dtype=np.int64),
                      _text(name, "allgather first dimensions", rest, tensor.dtype))
-    out = mx.nd.empty((int(rows.sum()),) + shape[1:], ctx=mx.cpu(), dtype=tensor.dtype)
+    out = mx.nd.empty((int(rows.sum()),) + shape[1:], ctx=_host_ctx(tensor), dtype=tensor.dtype)
     _push(store, Call(_native.ALLGATHER, [_host(tensor)], [out], dtype=tensor.dtype,
                       shapes=[shape], desc=_text(name, "allgather", rest, tensor.dtype),
                       label=name or "allgather", priority=priority, row=_row(shape)), comm)
@@ -384,8 +391,8 @@ def alltoall(tensor, splits: Sequence[int] | None = None, name: str | None = Non
     rest = "shape=(*, %s)" % ", ".join(map(str, shape[1:])) if len(shape) > 1 else "shape=(*,)"
     recv = _exchange(store, comm, _native.ALLTOALL, np.array(splits, dtype=np.int64),
                      _text(name, "alltoall splits", rest, tensor.dtype), splits=[1] * p)
-    out = mx.nd.empty((int(recv.sum()),) + shape[1:], ctx=mx.cpu(), dtype=tensor.dtype)
-    received = mx.nd.zeros((p,), dtype="int32")
+    out = mx.nd.empty((int(recv.sum()),) + shape[1:], ctx=_host_ctx(tensor), dtype=tensor.dtype)
+    received = mx.nd.zeros((p,), ctx=_host_ctx(tensor), dtype="int32")
     _push(store, Call(_native.ALLTOALL, [_host(tensor)], [out], dtype=tensor.dtype,
                       shapes=[shape], desc=_text(name, "alltoall", rest, tensor.dtype),
                       label=name or "alltoall", priority=priority, splits=splits,
@@ -406,7 +413,7 @@ def reduce_scatter(tensor, average: bool = False, name: str | None = None, prior
     flags = _flags(average, tensor.dtype)
     where = _comm(store, comm)
     mine = shape[0] // where.size + (1 if where.rank < shape[0] % where.size else 0)
-    out = mx.nd.empty((mine,) + shape[1:], ctx=mx.cpu(), dtype=tensor.dtype)
+    out = mx.nd.empty((mine,) + shape[1:], ctx=_host_ctx(tensor), dtype=tensor.dtype)
     _push(store, Call(_native.REDUCE_SCATTER, [_host(tensor)], [out], dtype=tensor.dtype,
                       shapes=[shape],
                       desc=_text(name, "reduce_scatter", "shape=%s" % (shape,), tensor.dtype),

@@ -103,12 +103,13 @@ def set_status(status: object) -> None:
 
 def exit_status(status: object) -> int:
     """The process exit status Python gives for ``sys.exit(status)``: None is
-    0, an int is taken modulo 256 (``sys.exit(256)`` exits 0), anything else
-    (a message) is 1."""
+    0, an int is taken modulo 256 (``sys.exit(256)`` exits 0; one beyond 64
+    bits gives 255), anything else (a message) is 1."""
     if status is None:
         return 0
     if isinstance(status, int):
-        return status & 0xFF
+        # beyond a C long Python's conversion fails, giving -1: 255
+        return status & 0xFF if -(1 << 63) <= status < (1 << 63) else 255
     return 1
 
 

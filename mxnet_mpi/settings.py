@@ -67,7 +67,8 @@ class Setting:
             if value < self.minimum:
                 raise _bad("%s must be >= %s, got %r" % (self.name, self.minimum, raw))
             if self.maximum is not None and value > self.maximum:
-                raise _bad("%s must be <= %s, got %r" % (self.name, self.maximum, raw))
+                most = "%g" % self.maximum if self.kind == "float" else str(self.maximum)
+                raise _bad("%s must be <= %s, got %r" % (self.name, most, raw))
             return value
         if self.kind == "bool":
             low = text.lower()
@@ -91,6 +92,11 @@ class Setting:
             return "1" if self.default else "0"
         return "`%s`" % self.default if self.kind == "choice" else str(self.default)
 
+
+# The longest wait a setting may ask for: a longer one overflowed the clocks
+# that time it (1e10 s ended every healthy job at its MPI_Finalize with
+# status 3, and Python's Event.wait raised OverflowError in the watch threads).
+_NEVER_S = 1e8
 
 TABLE: tuple = (
     Setting("MXNET_MPI_MODE", "choice", None,
@@ -159,14 +165,15 @@ TABLE: tuple = (
             "warn (naming the missing ranks) when a collective, or a SyncBatchNorm meeting of "
             "a rank's devices, has waited this long; under the launcher, also name the "
             "processes still running this long after every rank's script finished "
-            "([faults.md](faults.md#exits))", default_doc="60"),
+            "([faults.md](faults.md#exits)); at most 1e8 (3 years: never, in effect)",
+            default_doc="60", maximum=_NEVER_S),
     Setting("MXNET_MPI_STALL_ABORT_S", "float", 600.0,
             "abort the job when it has waited this long (at least MXNET_MPI_STALL_WARN_S); "
-            "the launcher ends a job whose scripts have all finished this long ago",
-            default_doc="600"),
+            "the launcher ends a job whose scripts have all finished this long ago; at most "
+            "1e8", default_doc="600", maximum=_NEVER_S),
     Setting("MXNET_MPI_HEALTH_INTERVAL_S", "float", 1.0,
             "period of the heartbeats between ranks (0 turns the watchdog off; it runs on one "
-            "rank too)", default_doc="1"),
+            "rank too)", default_doc="1", maximum=_NEVER_S),
     Setting("MXNET_MPI_ABORT_ON_EXCEPTION", "bool", True,
             "an uncaught exception (or `sys.exit` with a non-zero status) on one rank aborts "
             "the job"),

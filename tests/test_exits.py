@@ -188,3 +188,14 @@ def test_sys_exit_in_a_thread_ends_only_the_thread_quietly(tmp_path):
     proc = run_mpi(str(script), 2, timeout=120)
     assert proc.stdout.count("MAIN GOES ON") == 2, proc.stdout
     assert "Exception in thread" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("status", ["None", "0", "3", "-1", "256", "257", "True", "'msg'",
+                                    "2**40+5", "2**63-1", "-2**63", "2**63", "2**64+3"])
+def test_exit_status_as_python_gives_it(status):
+    """The status a rank reports and aborts with is the one Python exits with
+    (2**64+3 gave 3 where Python gives 255)."""
+    from mxnet_mpi import report
+    python = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.exit(%s)" % status],
+                            capture_output=True, timeout=30).returncode
+    assert report.exit_status(eval(status)) == python

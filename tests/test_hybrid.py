@@ -200,6 +200,14 @@ def test_misconfiguration_errors():
         assert all(text in ln for ln in lines), lines
 
 
+def test_integer_arrays_are_refused_before_the_servers_abort():
+    proc = launch(2, 2, 1, [sys.executable, str(SCRIPTS / "hybrid_int_keys.py")],
+                  timeout=120)
+    assert proc.stdout.count("REFUSED int32 True") == 2, proc.stdout[-3000:]
+    assert proc.stdout.count("REFUSED uint8 True") == 2, proc.stdout[-3000:]
+    assert proc.stdout.count("SUM [2.0, 2.0, 2.0]") == 2, proc.stdout[-3000:]
+
+
 def test_server_keys_mix_int_and_str():
     """ps-lite takes one key type per process: the type used first keeps
     MXNet's numbers, the other is moved past OTHER_BASE, with a Module's

@@ -49,9 +49,9 @@ def test_ambiguous_hostfile_is_an_error(tmp_path, capsys, text, n, message):
 
 
 def test_mpirun_arg_takes_a_value_that_starts_with_a_dash():
-    args = launch.parse_args(["-n", "2", "--mpirun-arg", "--bind-to", "--mpirun-arg", "none",
-                              "--", "python", "t.py", "--mpirun-arg", "--x"])
-    assert args.mpirun_arg == ["--bind-to", "none"]
+    args = launch.parse_args(["-n", "2", "--mpirun-arg", "--bind-to", "--mpirun", "none",
+                              "--m", "-x", "--", "python", "t.py", "--mpirun-arg", "--x"])
+    assert args.mpirun_arg == ["--bind-to", "none", "-x"]   # argparse's prefixes too
     assert args.command == ["python", "t.py", "--mpirun-arg", "--x"]   # the script's own
 
 
@@ -75,6 +75,8 @@ def test_host_whose_daemon_never_started_is_named_with_what_to_check(capsys):
                                      "import sys; sys.stderr.buffer.write(%r)" % UNSTARTED],
                           dict(os.environ), prefix_output=False, watch_stderr=True)
     mpirun.proc.wait(timeout=60)
+    # Open MPI cut the name at its first dot: named as the hostfile has it
+    mpirun.hostfile_hosts = ["nosuchhost.invalid"]
 
     class NoReports:
         def verdict(self):
@@ -82,5 +84,5 @@ def test_host_whose_daemon_never_started_is_named_with_what_to_check(capsys):
 
     assert launch._verdict(NoReports(), 255, mpirun) == 255
     err = capsys.readouterr().err
-    assert "host nosuchhost: mpirun could not start its daemon there" in err, err
+    assert "host nosuchhost.invalid: mpirun could not start its daemon there" in err, err
     assert "lost by mpirun" not in err

@@ -23,7 +23,7 @@ def test_ops_exact(store, np_, p2p):
     env = {"MXNET_MPI_P2P_BYTES": "1"} if p2p else None
     proc = run_pooled("ops_exact.py", np_, store, timeout=120, env=env)
     found = checks(proc.stdout)
-    expected = 26 + (5 if store != "free" else 0)
+    expected = 27 + (5 if store != "free" else 0)
     assert len(found) == np_ * expected, proc.stdout
     assert not [c for c in found if c[1] != "ok"], [c for c in found if c[1] != "ok"]
     assert proc.stdout.count("done") == np_

@@ -118,6 +118,15 @@ for dtype in ("float32", "float64", "float16"):
             if nan_at != list(range(min(N, n))):
                 bad.append("%s x %d: NaN at %s" % (op, n, nan_at))
     check("allreduce_min_max_nan_" + dtype, not bad, "; ".join(bad))
+# new results live on the input's context (allgather, reduce_scatter and
+# alltoall put them on cpu(0) for an input on cpu(1))
+on = mx.nd.array(data(R, (2 * N, 2)), ctx=mx.cpu(1))
+where = {"allreduce": ops.allreduce(on, store=store).context,
+         "allgather": ops.allgather(on, store=store).context,
+         "reduce_scatter": ops.reduce_scatter(on, store=store).context,
+         "alltoall": ops.alltoall(on, store=store)[0].context,
+         "alltoall received": ops.alltoall(on, store=store)[1].context}
+check("results_on_input_context", all(c == mx.cpu(1) for c in where.values()), str(where))
 try:
     ops.allreduce(mx.nd.ones((2,)), op="mean", store=store)
     check("unknown_op_refused", False, "accepted")
