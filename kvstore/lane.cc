@@ -54,7 +54,7 @@ std::string Reduction(int flags) {
   if (flags & kMax) s += ", max";
   if (flags & kProduct) s += ", product";
   if (flags & kStatesLoaded)
-    s += ", its first push after load_optimizer_states on this rank: load them on every rank";
+    s += ", after load_optimizer_states, which not every rank called: load them on every rank";
   return s;
 }
 

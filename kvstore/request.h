@@ -41,9 +41,9 @@ enum RequestFlags : int {
   kMin = 4,
   kMax = 8,
   kProduct = 16,
-  // A tag that changes no result: this rank's first push after it loaded
+  // A tag that changes no result: the parity of this rank's loads of
   // optimizer states (kv.load_optimizer_states). Ranks differing in it
-  // disagree on the collective: the states were loaded on some ranks only.
+  // disagree on every push: the states were loaded on some ranks only.
   kStatesLoaded = 32,
 };
 constexpr int kNotSum = kMin | kMax | kProduct;

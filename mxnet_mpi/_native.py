@@ -36,7 +36,7 @@ FLAG_COMPRESS_FP16 = 2
 FLAG_MIN = 4
 FLAG_MAX = 8
 FLAG_PRODUCT = 16
-FLAG_STATES_LOADED = 32   # a tag: the first push after load_optimizer_states
+FLAG_STATES_LOADED = 32   # a tag: the parity of a store's load_optimizer_states calls
 
 # store kinds (kvstore/store.h ExecKind)
 EXEC_CHAINED = 0

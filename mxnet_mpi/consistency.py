@@ -99,9 +99,21 @@ def _named_arrays(target) -> list:
             if p._data is not None and not per_rank(p):
                 out.append((name, p.list_data()[0]))
         else:
-            raise MPIKVStoreError("check_consistency takes a Trainer, Gluon parameters or a "
-                                  "dict of NDArrays; got %s for %r" % (type(p).__name__, name))
+            raise MPIKVStoreError("check_consistency takes a Trainer, Gluon parameters, a Module "
+                                  "or a dict of NDArrays; got %s for %r"
+                                  % (type(p).__name__, name))
     return out
+
+
+def _module_arrays(module) -> dict:
+    """A Module's (a BucketingModule's current one's) weights: name -> the
+    arrays of every device."""
+    module = getattr(module, "_curr_module", module)
+    group = getattr(module, "_exec_group", None)
+    if group is None:
+        raise MPIKVStoreError("check_consistency of a Module needs it bound with its optimizer "
+                              "initialised (after init_optimizer or fit)")
+    return {name: list(arrays) for name, arrays in zip(group.param_names, group.param_arrays)}
 
 
 def _store_of(target, store):
@@ -121,8 +133,8 @@ def hashes_per_rank(kv, hashes: np.ndarray) -> RankTable:
 
 
 def check_consistency(target, store=None, action: str | None = None) -> list[str]:
-    """Compare every parameter of `target` (a Trainer, Gluon parameters, or a
-    dict name -> NDArray) across the ranks of `store` (default: the Trainer's
+    """Compare every parameter of `target` (a Trainer, Gluon parameters, a
+    Module, or a dict name -> NDArray) across the ranks of `store` (default: the Trainer's
     store; for hybrid stores, every rank of the world), except each rank's own
     statistics (BatchNorm's running mean and variance, per_rank). Collective:
     every rank must call it. Returns the names of the parameters that differ (the same
@@ -133,7 +145,9 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
     action = default_action() if action is None else action
     if action not in ACTIONS:
         raise MPIKVStoreError("action must be one of %s, got %r" % (", ".join(ACTIONS), action))
-    kv = _store_of(target, store)
+    kv = _store_of(getattr(target, "_curr_module", target), store)
+    if isinstance(target, mx.module.BaseModule):
+        target = _module_arrays(target)
     named = _named_arrays(target)
     if not named:
         return []
@@ -212,7 +226,8 @@ def check_trainer_after_writes(trainer, watch, table: Callable[[np.ndarray], np.
 def check_after_writes(weights: list, optimizer, updater,
                        table: Callable[[np.ndarray], np.ndarray], what: str, writers: int,
                        outcome: str, fix: str, params_here, states_here: bool,
-                       still_apart: Callable[[list, bool], None]) -> None:
+                       still_apart: Callable[[list, bool], None],
+                       states_fix: str | None = None) -> None:
     """After `writers` rank(s) wrote weights or optimizer states outside
     training (weight_writes.py), compare the `weights` ([(name, array or
     None, optimizer index)], in an order the same on every rank) that any rank
@@ -222,7 +237,8 @@ def check_after_writes(weights: list, optimizer, updater,
     returns every rank's int64 row: a collectives.RankTable) and raise MPIKVStoreError on
     every rank if any differ. Only what was written is hashed: a program that
     sets a weight every step pays for that weight alone. `what` names the
-    call, `outcome` what became of it, `fix` how else to make them alike.
+    call, `outcome` what became of it, `fix` how else to make them alike
+    (`states_fix`, from ': ', where optimizer states differ).
     Before raising, `still_apart(weight positions, states)` notes what differs
     as written again, so that every later step compares it again (and fails
     again) until the ranks hold the same values: a program that caught the
@@ -257,17 +273,18 @@ def check_after_writes(weights: list, optimizer, updater,
                 any(positions[j] is None for j in bad))
     if any(labels[j].startswith("the optimizer") for j in bad):
         # a broadcast of the weights (the usual `fix`) leaves the states apart
-        remedy = (": load the same files on every rank (Trainer.load_states, "
-                  "Module.load_optimizer_states; check_consistency(action='broadcast') copies "
-                  "weights, not optimizer states)")
+        remedy = states_fix or (": load the same files on every rank (Trainer.load_states, "
+                                "Module.load_optimizer_states; "
+                                "check_consistency(action='broadcast') copies weights, not "
+                                "optimizer states)")
     else:
-        remedy = "(load the same files on every rank), or %s" % fix
+        remedy = " (load the same files on every rank), or %s" % fix
     raise MPIKVStoreError(
         "mxnet_mpi: %s: %d rank(s) wrote weights or optimizer states outside training (%s) "
         "or had them found apart at an earlier step and not made alike since, and now the "
         "ranks differ in %d of them: first %s, where rank(s) %s differ from rank "
         "%d. Each rank updates its own copy, so they would drift apart; %s. Write them alike "
-        "on every rank %s"
+        "on every rank%s"
         % (what, writers, WRITES, len(bad), labels[bad[0]],
            ", ".join(map(str, rows.ranks_differing(bad[0]))), rows.ranks[0], outcome, remedy))
 

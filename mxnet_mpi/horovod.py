@@ -838,7 +838,9 @@ def _split(items: list, groups: int) -> list:
 
 def _registered(ranks: list) -> ProcessSet:
     """The registered process set of these world ranks (loading optimizer
-    states saved for it)."""
+    states saved for it); the global set where they are the whole world."""
+    if list(ranks) == list(range(size())):
+        return global_process_set
     for set_id, entry in _state.sets.items():
         if list(entry.ranks) == list(ranks):
             ps = ProcessSet(ranks)

@@ -178,8 +178,9 @@ def _free_functions_joined(store):
                 raise error
 
 
-def join_store(store, params=None, updater=None) -> int:
-    """See MPIKVStore.join."""
+def join_store(store, params=None, updater=None, own=None) -> int:
+    """See MPIKVStore.join. `own`: (the store's stored values as a dict, its
+    updater) where it updates with an optimizer of its own (set_optimizer)."""
     issued = store.stream.info()[0]
     if store.stream.comm.rank == 0 and any(
             p._data is None and p._deferred_init for t in attached(store) for p in t._params):
@@ -206,6 +207,9 @@ def join_store(store, params=None, updater=None) -> int:
             broadcast_from(store, root, params)
         if updater is not None:
             broadcast_states(store, root, updater)
+        if own is not None:
+            broadcast_from(store, root, own[0], "join: stored value")
+            broadcast_states(store, root, own[1])
     mx.nd.waitall()
     return root
 

@@ -69,7 +69,8 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         self._stored: dict = {}   # values kept for pull()
         self._merge: dict = {}    # per-key device-sum buffers
         self._updater = None
-        self._states_loaded = False   # load_optimizer_states, until the next push
+        self._states_loaded = False   # an odd number of load_optimizer_states
+        self._apart = False           # weights or states found apart across the ranks
         self._optimizer = None
         self._compression = "none"
         self._average = bool(settings.get("MXNET_MPI_AVERAGE") if average is None
@@ -267,6 +268,8 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
                               self._flags(info.dtype, k) | tag)
 
         if self._updater is not None:
+            if self._apart:   # found apart before: again now, until they are alike
+                self._after_writes(self.num_workers)
             # optimizer settings, and states loaded on some ranks only, compared
             # once per SETTINGS_COLLECTIVES collectives, as for a Module
             watch = self._updater._mxmpi_writes
@@ -275,24 +278,31 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         try:
             self._run(groups, build, _native.ALLREDUCE, "allreduce")
         finally:
-            self._states_loaded = False
             for k, grad in updates:
                 self._updater(k, grad, self._stored[k])
 
     def _after_writes(self, writers: int) -> None:
-        """Some rank loaded optimizer states (load_optimizer_states): compare
-        every rank's states and stored weights (collective)."""
+        """Some rank loaded optimizer states (load_optimizer_states), or the
+        ranks were found apart before: compare every rank's states and stored
+        weights (collective). Found apart, every later push compares them
+        again, at once, and fails until they are alike."""
         keys = sorted(self._stored, key=lambda k: (isinstance(k, str), k))
         weights = [(repr(k), self._stored[k], k) for k in keys]
-        whole = self._updater._mxmpi_writes.states
+        whole = self._apart or self._updater._mxmpi_writes.states
+        self._apart = False
+
+        def still_apart(*_) -> None:
+            self._apart = True
+            weight_writes.note(self._updater)
         check_after_writes(
             weights, self._optimizer, self._updater,
             lambda row: self.rank_table(row, "hashes of the stored weights and optimizer states"),
             "kvstore '%s' push" % self.type, writers,
-            "they were compared at this push, some pushes after the load, and have been "
-            "updated apart since", "call load_optimizer_states on every rank",
-            set(range(len(weights))) if whole else set(), whole,
-            lambda *_: weight_writes.note(self._updater))
+            "this push was not applied", "copy rank 0's values to every rank with "
+            "kv.init(key, value) on every rank",
+            set(range(len(weights))) if whole else set(), whole, still_apart,
+            states_fix=": load the same states on every rank (kv.load_optimizer_states), and "
+            "copy rank 0's weights to every rank with kv.init(key, value) on every rank")
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Copy the stored value of `key` (from init or push) into `out`."""
@@ -341,6 +351,8 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
         self._updater._mxmpi_writes = weight_writes.Watch()
+        self._states_loaded = False   # a fresh updater: loaded states are gone everywhere
+        self._apart = False
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write the optimizer states (rank 0 is enough: all ranks hold the same;
@@ -364,8 +376,9 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         # every rank must load them: a load on some ranks only is named at a
         # later push (settings_check), as Module.load_optimizer_states is
         weight_writes.note(self._updater)
-        # and its first push tells the ranks apart at once (a tag they compare)
-        self._states_loaded = True
+        # and every push carries the parity of this rank's loads (a tag the
+        # ranks compare): loads on some ranks only fail each push at once
+        self._states_loaded = not self._states_loaded
 
     # ------------------------------------------------------------ uneven data
     #: Whether join() can even out this store's ranks (the hybrid stores cannot:
@@ -379,9 +392,17 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         the most collectives (its state is the latest). With `params` (Gluon
         parameters, or a dict name -> NDArray) and/or `updater` (an optimizer
         updater, or a gluon Trainer), their values and optimizer states are
-        copied from that rank, so every rank continues identically."""
+        copied from that rank, so every rank continues identically; so are
+        this store's own values and states where it has an optimizer
+        (set_optimizer, push, pull)."""
         self._usable()
-        root = join_store(self, params, updater)
+        own = None
+        if self._updater is not None:   # set_optimizer: its weights and states, too
+            own = ({"s:" + k if isinstance(k, str) else "i:%020d" % k: v
+                    for k, v in self._stored.items()}, self._updater)
+        root = join_store(self, params, updater, own)
+        if own is not None:
+            self._optimizer = self._updater.optimizer   # the root's, as loaded
         # the ranks that joined early made fewer settings_check calls: start
         # the window afresh from the count of collectives, the same everywhere
         self._settings.restart(self._workers_stream().info()[0])

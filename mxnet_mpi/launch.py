@@ -348,11 +348,13 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 def _glue_mpirun_args(argv: list) -> list:
     """`--mpirun-arg --bind-to` as `--mpirun-arg=--bind-to`: argparse takes a
-    value that starts with '-' for an option of its own and refuses it."""
+    value that starts with '-' for an option of its own and refuses it. Only
+    the launcher's own options are read: the command (after `--`, or from its
+    first word) is left as it is."""
     out, i = [], 0
     while i < len(argv):
         a = argv[i]
-        if a == "--":
+        if a == "--" or not a.startswith("-"):   # the command starts here
             return out + argv[i:]
         # argparse also takes an unambiguous prefix (--mpirun, --m)
         if len(a) >= 3 and "--mpirun-arg".startswith(a) and i + 1 < len(argv) \
@@ -361,8 +363,23 @@ def _glue_mpirun_args(argv: list) -> list:
             i += 2
             continue
         out.append(a)
+        if "=" not in a and _takes_value(a) and i + 1 < len(argv):
+            out.append(argv[i + 1])
+            i += 1
         i += 1
     return out
+
+
+_VALUED = ("--np", "--groups", "--servers", "--route", "--hostfile", "--ps-host", "--port",
+           "--grace")
+
+
+def _takes_value(option: str) -> bool:
+    """Whether `option` (as typed: -n, a long option or a prefix of one) is
+    followed by its value as the next word."""
+    if option == "-n":
+        return True
+    return option.startswith("--") and any(o.startswith(option) for o in _VALUED)
 
 
 def hosts_filled(hostfile: str, n: int, error) -> int:

@@ -126,7 +126,7 @@ def load_file_blob(module, blob: bytes) -> None:
         ModuleStates(module).set_states(pickle.dumps(loaded))
         return
     here = len(module._context)
-    saved = _devices_of(states, len(module._exec_group.param_arrays), here)
+    saved = _devices_of(states, [a[0].shape for a in module._exec_group.param_arrays], here)
     if saved == here:
         module._updater.set_states(blob)
         return
@@ -135,17 +135,30 @@ def load_file_blob(module, blob: bytes) -> None:
         (by_param, loaded[1]) if isinstance(loaded, tuple) else by_param))
 
 
-def _devices_of(states, params: int, here: int) -> int:
+def _devices_of(states, shapes: list, here: int) -> int:
     """The number of devices that numbered `states` (keys parameter x devices
-    + device, every device of a parameter present): `here` where that fits."""
+    + device, every device of a parameter present, each state shaped as its
+    parameter, of `shapes`): `here` where that fits."""
     if not isinstance(states, dict) or not states or \
             not all(isinstance(k, int) and k >= 0 for k in states):
         return here
     keys = set(states)
 
     def fits(d: int) -> bool:
-        return all(k // d < params and all(k - k % d + j in keys for j in range(d))
-                   for k in keys)
+        return all(k // d < len(shapes) and all(k - k % d + j in keys for j in range(d))
+                   and _shape_of(states[k]) in (None, tuple(shapes[k // d])) for k in keys)
     if fits(here):
         return here
     return next((d for d in range(1, max(keys) + 2) if fits(d)), here)
+
+
+def _shape_of(state):
+    """The shape of a state's first array (momentum, Adam's mean), or None."""
+    if isinstance(state, mx.nd.NDArray):
+        return tuple(state.shape)
+    if isinstance(state, (tuple, list)):
+        for s in state:
+            shape = _shape_of(s)
+            if shape is not None:
+                return shape
+    return None

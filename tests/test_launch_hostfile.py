@@ -53,6 +53,12 @@ def test_mpirun_arg_takes_a_value_that_starts_with_a_dash():
                               "--m", "-x", "--", "python", "t.py", "--mpirun-arg", "--x"])
     assert args.mpirun_arg == ["--bind-to", "none", "-x"]   # argparse's prefixes too
     assert args.command == ["python", "t.py", "--mpirun-arg", "--x"]   # the script's own
+    # without `--` too: the command starts at its first word (its --m and --mpi
+    # became --mpirun-arg=...)
+    args = launch.parse_args(["-n", "2", "--servers", "0", "--m", "-x", "python", "t.py", "--m",
+                              "0.9", "--mpi", "1"])
+    assert args.mpirun_arg == ["-x"] and args.servers == 0
+    assert args.command == ["python", "t.py", "--m", "0.9", "--mpi", "1"]
 
 
 # What prterun printed for a hostfile line naming a host that does not resolve

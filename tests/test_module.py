@@ -30,14 +30,15 @@ def test_module_fit_mpi(tmp_path, nranks):
                                    err_msg=name)
 
 
-@pytest.mark.parametrize("saved,resumed", [(2, 1), (1, 3)])
+@pytest.mark.parametrize("saved,resumed", [(2, 1), (1, 3), (1, 2)])
 def test_checkpoint_resumes_on_another_number_of_devices(tmp_path, saved, resumed):
     """Module.save_checkpoint's optimizer states (MXNet numbers them parameter
     x devices + device) loaded on another number of devices per rank gave
     momentum to other parameters (2 -> 1 devices: weights off by 0.1, exit 0;
     with biases, a shape error). Our files are by parameter; MXNet-numbered
-    ones are renumbered. Either way the resumed run ends as the one that never
-    stopped (to rounding: devices split the batch differently)."""
+    ones are renumbered (1 -> 2: 4 states read as 2 parameters x 2 devices
+    too, told apart by their shapes). Either way the resumed run ends as the
+    one that never stopped (to rounding: devices split the batch differently)."""
     proc = run_pooled("module_resume.py", 2, str(tmp_path), str(saved), str(resumed),
                       timeout=180)
     rows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]

@@ -11,10 +11,11 @@ from pool import run_sections
 
 SECTIONS = {
     "funneled": "set_data,set_data_update,load_parameters,load_states,force_reinit,alike,"
-                "horovod,module,deferred_before_trainer,module_fit,store_states,store_settings",
+                "horovod,module,deferred_before_trainer,module_fit,store_states,store_settings,"
+                "store_join",
     # concurrent splits collectives by size: another carrier of the batch sizes
     "concurrent": "set_data,alike,store_states",
-    "chained": "store_states",
+    "chained": "store_states,store_join",
 }
 
 
@@ -22,8 +23,13 @@ SECTIONS = {
 def test_rank_local_writes_are_stopped_and_alike_ones_train_on(tmp_path, mode):
     ranks = run_sections("weight_writes.py", 2, mode, tmp_path, SECTIONS[mode])
     assert ranks[0]["digests"] == ranks[1]["digests"]
-    want = {"store_states"} | ({"set_data", "alike"} if mode != "chained" else set()) | (
-        {"set_data_update", "horovod", "deferred_forward"} if mode == "funneled" else set())
+    want = {"store_states", "store_states_reloaded"}
+    if mode != "chained":
+        want |= {"set_data", "alike"}
+    if mode == "funneled":
+        want |= {"set_data_update", "horovod", "deferred_forward"}
+    if mode != "concurrent":
+        want.add("store_join")
     assert set(ranks[0]["digests"]) == want
 
 
