@@ -242,6 +242,10 @@ std::string Store::Join() {
     std::lock_guard<std::mutex> lock(mu_);
     base_ = next;
     done_beyond_base_.clear();
+    // Large collectives take the concurrent lanes in turn, counted per rank:
+    // a rank that joined early counted fewer, and the ranks then posted the
+    // next large collective on different lanes (a hang). Afresh alike.
+    next_large_ = 0;
   }
   ++joins_;
   return "";

@@ -30,7 +30,7 @@ from mxnet.base import _LIB, check_call
 from . import settings, weight_writes
 from .collectives import RankTable
 from .errors import MPIKVStoreError
-from .joining import broadcast_from
+from .joining import broadcast_from, module_arrays
 from .module_states import counts_by_index
 
 EVERY_ENV = "MXNET_MPI_CONSISTENCY_EVERY"
@@ -109,11 +109,10 @@ def _module_arrays(module) -> dict:
     """A Module's (a BucketingModule's current one's) weights: name -> the
     arrays of every device."""
     module = getattr(module, "_curr_module", module)
-    group = getattr(module, "_exec_group", None)
-    if group is None:
+    if getattr(module, "_exec_group", None) is None:
         raise MPIKVStoreError("check_consistency of a Module needs it bound with its optimizer "
                               "initialised (after init_optimizer or fit)")
-    return {name: list(arrays) for name, arrays in zip(group.param_names, group.param_arrays)}
+    return module_arrays(module)
 
 
 def _store_of(target, store):

@@ -23,7 +23,7 @@ from . import _native
 from .collectives import stream_for
 from .deferred import settle_deferred
 from .errors import MPIKVStoreError
-from .module_states import spread_counts
+from .module_states import ModuleStates, spread_counts
 
 
 def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = False) -> None:
@@ -178,9 +178,46 @@ def _free_functions_joined(store):
                 raise error
 
 
-def join_store(store, params=None, updater=None, own=None) -> int:
+def join_store(store, params=None, updater=None, own=None, issued=None) -> int:
     """See MPIKVStore.join. `own`: (the store's stored values as a dict, its
-    updater) where it updates with an optimizer of its own (set_optimizer)."""
+    updater) where it updates with an optimizer of its own (set_optimizer).
+    `issued`: what wait_joined returned, where the caller waited already."""
+    if issued is None:
+        issued = wait_joined(store)
+    counts = issued_per_rank(store, issued)
+    root = int(np.argmax(counts))  # the latest state; the lowest such rank
+    if counts.min() != counts.max():  # some rank skipped updates: copy the latest
+        for trainer in attached(store):
+            if trainer is not updater:
+                finish_deferred(store, trainer._params)
+                broadcast_from(store, root, trainer._params, "join: Trainer")
+                broadcast_states(store, root, trainer)
+        for module in attached_modules(store):
+            if getattr(updater, "_module", None) is not module:
+                broadcast_from(store, root, module_arrays(module), "join: Module")
+                if getattr(module, "_updater", None) is not None:
+                    broadcast_states(store, root, ModuleStates(module))
+        if params is not None:
+            finish_deferred(store, params)
+            broadcast_from(store, root, params)
+        if updater is not None:
+            broadcast_states(store, root, updater)
+        if own is not None:
+            broadcast_from(store, root, own[0], "join: stored value")
+            broadcast_states(store, root, own[1])
+    # each rank counted its own updates towards the periodic consistency
+    # check; a rank that joined early counted fewer: start them afresh alike
+    for user in attached(store) + attached_modules(store):
+        check = getattr(user, "_mxmpi_check", None)
+        if check is not None:
+            check.count = 0
+    mx.nd.waitall()
+    return root
+
+
+def wait_joined(store) -> int:
+    """The first half of a join: take part in the others' collectives until
+    every rank has joined `store`; returns what this rank had issued on it."""
     issued = store.stream.info()[0]
     if store.stream.comm.rank == 0 and any(
             p._data is None and p._deferred_init for t in attached(store) for p in t._params):
@@ -194,37 +231,34 @@ def join_store(store, params=None, updater=None, own=None) -> int:
                       stacklevel=4)
     with _free_functions_joined(store):
         store.stream.join()
-    counts = issued_per_rank(store, issued)
-    root = int(np.argmax(counts))  # the latest state; the lowest such rank
-    if counts.min() != counts.max():  # some rank skipped updates: copy the latest
-        for trainer in attached(store):
-            if trainer is not updater:
-                finish_deferred(store, trainer._params)
-                broadcast_from(store, root, trainer._params, "join: Trainer")
-                broadcast_states(store, root, trainer)
-        if params is not None:
-            finish_deferred(store, params)
-            broadcast_from(store, root, params)
-        if updater is not None:
-            broadcast_states(store, root, updater)
-        if own is not None:
-            broadcast_from(store, root, own[0], "join: stored value")
-            broadcast_states(store, root, own[1])
-    mx.nd.waitall()
-    return root
+    return issued
 
 
 _stores: weakref.WeakSet = weakref.WeakSet()
 _trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # store -> [weakref]
+_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # store -> [weakref]
 _outside: weakref.WeakSet = weakref.WeakSet()   # trainers that reduce outside any store
 
 
-def attach(store, trainer) -> None:
-    """Remember that `trainer` updates through `store`: join() on the store
-    brings its parameters and optimizer states up to date too."""
-    refs = _trainers.setdefault(store, [])
+def attach(store, trainer, module: bool = False) -> None:
+    """Remember that `trainer` (with `module`, a Module: init_optimizer)
+    updates through `store`: join() on the store brings its parameters and
+    optimizer states up to date too (for a Module, a loop of one's own around
+    Module.update; Module.fit joins by itself)."""
+    refs = (_modules if module else _trainers).setdefault(store, [])
     if not any(r() is trainer for r in refs):
         refs.append(weakref.ref(trainer))
+
+
+def attached_modules(store) -> list:
+    """The live Modules on `store`, in the order they were attached."""
+    return [m for m in (r() for r in _modules.get(store, [])) if m is not None]
+
+
+def module_arrays(module) -> dict:
+    """A Module's weights: name -> the arrays of every device."""
+    group = module._exec_group
+    return {name: list(arrays) for name, arrays in zip(group.param_names, group.param_arrays)}
 
 
 def attached(store) -> list:
@@ -285,22 +319,36 @@ def join(target=None) -> int:
                       "is nothing to join" + _HOROVOD_JOIN, RuntimeWarning, stacklevel=2)
     if len(stores) == 1:
         return stores[0].join()
-    # Several stores: join them at once, or a peer still using one would wait
-    # on this rank while it waits in another's join.
-    results: dict = {}
+    # Several stores: wait for every rank to join them at once, or a peer
+    # still using one would wait on this rank while it waits in another's
+    # join. What follows (the copies from the latest rank) runs here, store
+    # by store in creation order: from those threads their collectives met
+    # the chained stores' one process-wide chain in a different order on
+    # each rank.
+    stores.sort(key=lambda s: s.stream.id)
+    chained = [s.type for s in stores if getattr(s, "mode", None) == "chained"]
+    if len(chained) > 1:
+        # their collectives and joins share one process-wide chain, whose order
+        # the concurrent joins would make differ between ranks: the job hung
+        raise MPIKVStoreError(
+            "mxnet_mpi.join(): %d stores in mode 'chained' (%s) cannot be joined together: "
+            "their collectives share one chain in program order. Use MXNET_MPI_MODE=funneled "
+            "or concurrent, one chained store, or the same number of batches on every rank"
+            % (len(chained), ", ".join(chained)))
+    issued: dict = {}
 
     def run(s):
         try:
-            results[id(s)] = s.join()
+            issued[id(s)] = wait_joined(s)
         except Exception as exc:  # noqa: BLE001  (re-raised below)
-            results[id(s)] = exc
+            issued[id(s)] = exc
 
     threads = [threading.Thread(target=run, args=(s,)) for s in stores]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for r in results.values():
+    for r in issued.values():
         if isinstance(r, Exception):
             raise r
-    return min(results.values()) if results else 0
+    return min(s.join(issued=issued[id(s)]) for s in stores)

@@ -385,7 +385,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
     #: their servers wait for a push from every group each step).
     supports_join = True
 
-    def join(self, params=None, updater=None) -> int:
+    def join(self, params=None, updater=None, *, issued: int | None = None) -> int:
         """This rank has run out of data: take part in the collectives the other
         ranks still run (contributing zeros to sums, receiving broadcasts) until
         every rank has called join(); then all return. Returns the rank that ran
@@ -394,13 +394,14 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         updater, or a gluon Trainer), their values and optimizer states are
         copied from that rank, so every rank continues identically; so are
         this store's own values and states where it has an optimizer
-        (set_optimizer, push, pull)."""
+        (set_optimizer, push, pull). `issued`: joining.wait_joined's result,
+        where the caller has waited for every rank already."""
         self._usable()
         own = None
         if self._updater is not None:   # set_optimizer: its weights and states, too
             own = ({"s:" + k if isinstance(k, str) else "i:%020d" % k: v
                     for k, v in self._stored.items()}, self._updater)
-        root = join_store(self, params, updater, own)
+        root = join_store(self, params, updater, own, issued)
         if own is not None:
             self._optimizer = self._updater.optimizer   # the root's, as loaded
         # the ranks that joined early made fewer settings_check calls: start

@@ -460,6 +460,8 @@ def _patch_module() -> None:
                                      force_init=force_init)
         if getattr(self, "_updater", None) is not None:
             self._updater._mxmpi_writes = weight_writes.Watch()
+        if isinstance(self._kvstore, MPIKVStore) and not self._update_on_kvstore:
+            joining.attach(self._kvstore, self, module=True)   # join() copies it too
         return result
 
     @functools.wraps(orig_initialize)

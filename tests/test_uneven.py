@@ -88,3 +88,29 @@ def test_module_fit_with_uneven_shards_finishes_in_sync(mode):
         assert len(adam[devices]) == 3 and len(set(adam[devices])) == 1, proc.stdout
     one, many = float(adam["1,1,1"][0]), float(adam["2,1,3"][0])
     assert abs(one - many) < 1e-6 * abs(one), adam
+
+
+def _joined(out: str) -> dict:
+    return dict((ln.split()[1], ln.split(None, 2)[2]) for ln in out.splitlines()
+                if ln.startswith(("WEIGHTS ", "ERROR ")))
+
+
+@pytest.mark.parametrize("scenario", ["module_loop", "check_every", "lanes"])
+def test_join_composed_keeps_ranks_alike(scenario):
+    """A Module's own loop joined with mxnet_mpi.join() (the ranks ended apart,
+    exit 0); joins under MXNET_MPI_CONSISTENCY_EVERY=2 (the ranks' check
+    counters drifted: 'ranks disagree', exit 1); concurrent mode with two
+    lanes for large arrays (the copy after the join hung)."""
+    proc = run_pooled("join_compose.py", 2, scenario, timeout=120,
+                      env={"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_LARGE_LANES": "2",
+                           "MXNET_MPI_STALL_WARN_S": "5", "MXNET_MPI_STALL_ABORT_S": "30"})
+    got = _joined(proc.stdout)
+    assert set(got) == {"0", "1"} and got["0"] == got["1"], proc.stdout[-3000:]
+
+
+def test_join_of_two_chained_stores_is_named():
+    proc = run_pooled("join_compose.py", 2, "chained_two", timeout=120,
+                      env={"MXNET_MPI_STALL_WARN_S": "5", "MXNET_MPI_STALL_ABORT_S": "20"})
+    got = _joined(proc.stdout)
+    assert set(got) == {"0", "1"}, proc.stdout[-3000:]
+    assert all("cannot be joined together" in v for v in got.values()), got
