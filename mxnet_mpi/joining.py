@@ -317,6 +317,8 @@ def join(target=None) -> int:
         # will wait for this rank (their error then asks for join())
         warnings.warn("mxnet_mpi.join(): no mxnet_mpi store is open on this rank, so there "
                       "is nothing to join" + _HOROVOD_JOIN, RuntimeWarning, stacklevel=2)
+    if not stores:
+        return 0
     if len(stores) == 1:
         return stores[0].join()
     # Several stores: wait for every rank to join them at once, or a peer
