@@ -79,7 +79,7 @@ def run(argv: list[str]) -> int:
         # this rank, instead of peers reading a clean finish): pass it through.
         report.set_status(exc.code)
         sys.exit(exc.code)
-    except BaseException as exc:  # noqa: BLE001  (reported as Python would, then status 1)
+    except BaseException as exc:  # noqa: BLE001  (reported as Python would, with its status)
         tb = _script_frames_only(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         status = uncaught_status(type(exc))
