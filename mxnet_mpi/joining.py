@@ -333,10 +333,11 @@ def join(target=None) -> int:
         # their collectives and joins share one process-wide chain, whose order
         # the concurrent joins would make differ between ranks: the job hung
         raise MPIKVStoreError(
-            "mxnet_mpi.join(): %d stores in mode 'chained' (%s) cannot be joined together: "
-            "their collectives share one chain in program order. Use MXNET_MPI_MODE=funneled "
-            "or concurrent, one chained store, or the same number of batches on every rank"
-            % (len(chained), ", ".join(chained)))
+            "mxnet_mpi.join(): %d stores in mode 'chained' cannot be joined together: their "
+            "collectives share one chain in program order. Create them as 'mpi_funneled' or "
+            "'mpi_concurrent' (for kvstore='mpi': MXNET_MPI_MODE=funneled), keep one chained "
+            "store, or, where every rank has the same number of batches, do not call join()"
+            % len(chained))
     issued: dict = {}
 
     def run(s):
