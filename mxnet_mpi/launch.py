@@ -386,17 +386,16 @@ def hosts_filled(hostfile: str, n: int, error) -> int:
     """How many hosts of `hostfile` mpirun fills with `n` ranks (slot by slot,
     in file order); calls `error` unless they all get the same number."""
     try:
-        lines = Path(hostfile).read_text().splitlines()
+        entries = _hostfile_entries(hostfile)
     except OSError as e:
         error("cannot read --hostfile: %s" % e)
     counts, left = [], n
-    for line in lines:
-        words = line.split("#")[0].split()
-        if not words or left <= 0:
+    for words in entries:
+        if left <= 0:
             continue
         slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
         if not slots or not slots[0].isdigit():
-            error("--hostfile line %r has no slots=N: give --groups" % line.strip())
+            error("--hostfile line %r has no slots=N: give --groups" % " ".join(words))
         counts.append(min(int(slots[0]), left))
         left -= counts[-1]
     if left > 0 and counts:
@@ -527,14 +526,19 @@ def _named(host: str, hostfile_hosts: list) -> str:
     return next((h for h in hostfile_hosts if h == host or h.startswith(host + ".")), host)
 
 
+def _hostfile_entries(hostfile: str) -> list:
+    """The words of each host line of `hostfile` (comments and blank lines
+    left out); OSError if it cannot be read."""
+    lines = Path(hostfile).read_text().splitlines()
+    return [words for words in (ln.split("#")[0].split() for ln in lines) if words]
+
+
 def _hostfile_hosts(hostfile: str | None) -> list:
-    if not hostfile:
-        return []
+    """The host names of `hostfile` (none without one, or if it is unreadable)."""
     try:
-        lines = Path(hostfile).read_text().splitlines()
+        return [words[0] for words in _hostfile_entries(hostfile)] if hostfile else []
     except OSError:
         return []
-    return [ln.split("#")[0].split()[0] for ln in lines if ln.split("#")[0].split()]
 
 
 def _settle(watch: RankWatch, timeout: float = 3.0) -> None:
