@@ -235,6 +235,12 @@ def _like(tensor, out):
     return out.as_np_ndarray() if isinstance(tensor, mx.np.ndarray) else out
 
 
+def _returned(tensor, out):
+    """A result made on the host (`out`) as the caller gets it: on the input's
+    device, of the input's kind."""
+    return _like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context))
+
+
 def _tensor_list(tensors) -> list:
     if isinstance(tensors, mx.nd.NDArray) or not isinstance(tensors, (list, tuple)):
         raise MPIKVStoreError("a grouped allreduce takes a list of NDArrays, got %s"
@@ -351,7 +357,7 @@ def allgather(tensor, name: str | None = None, priority: int = 0, store=None, *,
     _push(store, Call(_native.ALLGATHER, [_host(tensor)], [out], dtype=tensor.dtype,
                       shapes=[shape], desc=_text(name, "allgather", rest, tensor.dtype),
                       label=name or "allgather", priority=priority, row=_row(shape)), comm)
-    return _like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context))
+    return _returned(tensor, out)
 
 
 def _splits(splits, p: int, rows: int) -> list:
@@ -397,8 +403,7 @@ def alltoall(tensor, splits: Sequence[int] | None = None, name: str | None = Non
                       shapes=[shape], desc=_text(name, "alltoall", rest, tensor.dtype),
                       label=name or "alltoall", priority=priority, splits=splits,
                       row=_row(shape), aux=received), comm)
-    return (_like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context)),
-            _like(tensor, received))
+    return _returned(tensor, out), _like(tensor, received)
 
 
 @_agreed("reduce_scatter", _native.REDUCE_SCATTER)
@@ -419,4 +424,4 @@ def reduce_scatter(tensor, average: bool = False, name: str | None = None, prior
                       desc=_text(name, "reduce_scatter", "shape=%s" % (shape,), tensor.dtype),
                       label=name or "reduce_scatter", priority=priority,
                       flags=flags, row=_row(shape)), comm)
-    return _like(tensor, out if on_host(tensor) else out.as_in_context(tensor.context))
+    return _returned(tensor, out)
