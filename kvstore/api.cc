@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -258,6 +259,17 @@ std::string Link(const std::string& path) {
   return n > 0 ? std::string(buf, n) : std::string();
 }
 
+// Python's multiprocessing helpers (the resource tracker, the forkserver) end
+// by themselves once this process has exited (their pipe from it closes);
+// the tracker first removes what the program leaked (shared memory,
+// semaphores), so they are left to do so.
+bool EndsWithUs(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
+  const std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return cmd.find("multiprocessing.resource_tracker") != std::string::npos ||
+         cmd.find("multiprocessing.forkserver") != std::string::npos;
+}
+
 // Children of this rank still running at its exit that hold its stdout or
 // stderr: mpirun waits for every process holding a rank's output, so they
 // would keep the job from ending, silently (e.g. DataLoader worker processes
@@ -282,7 +294,7 @@ void EndChildrenHoldingOutput() {
       const std::string o = Link(fds + "1"), r = Link(fds + "2");
       const bool holds = (!o.empty() && (o == out || o == err)) ||
                          (!r.empty() && (r == out || r == err));
-      if (!holds) continue;
+      if (!holds || EndsWithUs(pid)) continue;
       found.push_back(pid);
       names.push_back(line.substr(line.find('(') + 1, close - line.find('(') - 1));
     }

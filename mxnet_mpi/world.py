@@ -26,7 +26,7 @@ from typing import Callable
 
 import mxnet as mx
 
-from . import report, settings, shm_segments, timeline, transport
+from . import rank_children, report, settings, shm_segments, timeline, transport
 from ._native import LIB, SETTINGS_DIFFER, check, last_error
 from .errors import MPIKVStoreError
 from .peer_wait import waiting_for_peers
@@ -124,6 +124,7 @@ def init() -> Communicator:
         _keep_mpi4py_from_finalizing()
         if timeline.requested():
             timeline.start()
+        _detach_from_parent_rank()
         out = [ctypes.c_int() for _ in range(5)]
         with transport.singleton_segments() as _state.segment_dir, waiting_for_peers(
                 "MPI's start-up", "a process of the job that never starts MPI (one that "
@@ -149,6 +150,7 @@ def init() -> Communicator:
                 "mxnet_mpi calls MPI from its own thread and needs at least "
                 "MPI_THREAD_SERIALIZED" % provided)
         _state.world = Communicator(0, rank, size)
+        rank_children.mark()
         _state.local_rank, _state.local_size = local_rank, local_size
         _state.thread_level = provided
         atexit.register(_at_exit)
@@ -157,6 +159,21 @@ def init() -> Communicator:
             if settings.get("MXNET_MPI_ABORT_ON_EXCEPTION"):
                 _install_abort_hook()
         return _state.world
+
+
+def _detach_from_parent_rank() -> None:
+    """A process that a rank started (subprocess, a spawn worker) and that
+    inherited its launch environment starts MPI as a world of one, instead of
+    as a second copy of that rank (which crashes the job)."""
+    parent = rank_children.started_by()
+    if parent is None:
+        return
+    rank_children.detach()
+    warnings.warn("mxnet_mpi: this process (pid %d) was started by the process of an MPI "
+                  "rank (pid %d), not by mpirun, and inherited that rank's launch "
+                  "environment; it runs as a world of one rank of its own (processes of the "
+                  "job are the ones mpirun starts)" % (os.getpid(), parent),
+                  RuntimeWarning, stacklevel=3)
 
 
 def _agreed_table(n: int) -> list:

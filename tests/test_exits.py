@@ -148,16 +148,23 @@ def test_exit_with_fork_dataloader_workers_ends_cleanly():
     # a forked child computes, is refused the store, exits 0 (no finalize, no hang)
     assert proc.stdout.count("child exited with status 0") == 2, proc.stdout[-2000:]
     assert proc.stdout.count("store refused:") == 2 and "forked" in proc.stdout
+    # a process the rank started with its launch environment: a world of its own
+    assert proc.stdout.count("subprocess world 0 1 [1.0, 1.0, 1.0] status 0") == 2, \
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stderr.count("started by the process of an MPI rank") == 2, proc.stderr[-3000:]
     weights = dict(re.findall(r"WEIGHTS (\d) (\S+)", proc.stdout))
     assert len(weights) == 2 and weights["0"] == weights["1"], proc.stdout[-2000:]
     leftovers = re.findall(r"child process\(es\) (.*) of this rank still run at its exit "
                            r"and hold its output", proc.stderr)
-    # only the child each rank left on purpose: the DataLoader workers were gone
+    # only the child each rank left on purpose: the DataLoader workers were
+    # gone, and Python's resource tracker was left to end by itself
     assert len(leftovers) == 2 and all("," not in c for c in leftovers), proc.stderr[-3000:]
     for bad in ("stall warning", "terminate called", "Traceback"):
         assert bad not in proc.stderr, proc.stderr[-3000:]
     time.sleep(0.5)
     assert _procs_with_env(token) == []
+    # the tracker removed the shared-memory blocks the ranks left
+    assert [n for n in os.listdir("/dev/shm") if n.startswith("exit_forks_%s" % token)] == []
 
 
 def test_exit_that_cannot_finish_is_named_and_ended():

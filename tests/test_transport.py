@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mxnet_mpi import shm_segments, transport
+from mxnet_mpi import rank_children, shm_segments, transport
 from mxnet_mpi.testing import netns
 
 
@@ -208,3 +208,28 @@ def test_own_cores_spreads_hosts_over_cores():
     assert netns.own_cores(2, [0, 1]) == ["0", "1"]
     assert netns.own_cores(2, [0, 1, 2, 3]) == ["0,2", "1,3"]
     assert netns.own_cores(4, [0, 1]) == ["0", "1", "0", "1"]
+
+
+def test_a_process_started_by_a_rank_is_told_apart_from_ranks_mpirun_started():
+    """Only a process that inherited the launch environment of another process
+    of its own job and rank counts as started by that rank: not the rank
+    itself (after an exec, same pid), not the ranks of a job that a rank
+    launched with mpirun (another job), not a process outside mpirun."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm here: no job directory to inherit")
+    rank_env = {"PMIX_NAMESPACE": "prterun-h-10@1", "PMIX_RANK": "1",
+                "PMIX_SERVER_URI41": "x", "OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_btl": "^ofi",
+                "PMIX_SERVER_TMPDIR": "/tmp/ompi.10"}
+    rank_env[transport.SM_DIR_VAR] = shm_segments.job_dir(rank_env)
+    rank_children.mark(rank_env, pid=100)
+    assert rank_children.started_by(dict(rank_env), pid=100) is None      # the rank, exec'd
+    assert rank_children.started_by(dict(rank_env), pid=200) == 100      # its child
+    nested = dict(rank_env, PMIX_NAMESPACE="prterun-h-300@1")             # a job it launched
+    assert rank_children.started_by(nested, pid=400) is None
+    assert rank_children.started_by({rank_children.MARK: "a:1:100"}, pid=5) is None
+    child = dict(rank_env)
+    removed = rank_children.detach(child)
+    # a world of one: no launch variables, no segment directory of the rank's job;
+    # the user's own Open MPI settings stay
+    assert child == {"OMPI_MCA_btl": "^ofi"}, child
+    assert transport.SM_DIR_VAR in removed and rank_children.MARK in removed
