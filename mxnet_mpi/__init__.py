@@ -45,7 +45,7 @@ if not _launcher_only():
     else:
         optimizer_defaults()   # an optimizer reads it when it is created
 
-    from . import hybrid, mxnet_patches, ops, stores
+    from . import hybrid, mxnet_patches, ops, optimizer_fixes, stores
     from .collectives import SUPPORTED_DTYPES
     from .consistency import check_consistency
     from .errors import MPIKVStoreError
@@ -58,6 +58,7 @@ if not _launcher_only():
     from .world import finalize, init, local_rank, local_size, rank, size, world
 
     mxnet_patches.apply()
+    optimizer_fixes.apply()
 
 __all__ = [
     "DEFAULT_MODE", "MODES", "HybridKVStore", "MPIKVStore", "MPIKVStoreError",

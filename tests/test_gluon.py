@@ -21,20 +21,21 @@ def load_ranks(outdir, n):
     return [dict(np.load(outdir / ("rank%d.npz" % r))) for r in range(n)]
 
 
-def reference(tmp_path, n):
+def reference(tmp_path, n, *args):
     outdir = tmp_path / "ref"
-    run_pooled(SCRIPT, 1, "--reference", str(n), "--outdir", str(outdir), "--steps", str(STEPS))
+    run_pooled(SCRIPT, 1, "--reference", str(n), "--outdir", str(outdir), "--steps", str(STEPS),
+               *args)
     return dict(np.load(outdir / "rank0.npz"))
 
 
-def assert_same_trajectory(ranks, ref):
+def assert_same_trajectory(ranks, ref, rtol=1e-4, atol=1e-5):
     assert set(ranks[0]) == set(ref) and len(ref) > 0
     for key in sorted(ref):
         for r, weights in enumerate(ranks[1:], start=1):
             # Ranks must hold bit-identical weights after every step.
             np.testing.assert_array_equal(weights[key], ranks[0][key],
                                           err_msg="rank %d differs at %s" % (r, key))
-        np.testing.assert_allclose(ranks[0][key], ref[key], rtol=1e-4, atol=1e-5,
+        np.testing.assert_allclose(ranks[0][key], ref[key], rtol=rtol, atol=atol,
                                    err_msg="differs from one process on the full batch: " + key)
 
 
@@ -54,6 +55,16 @@ def test_mpi_mode_by_name_hybridized(tmp_path, mode):
     run_pooled(SCRIPT, 2, "--kvstore", "mpi_" + mode, "--hybridize",
             "--outdir", str(tmp_path / "mpi"), "--steps", str(STEPS))
     assert_same_trajectory(load_ranks(tmp_path / "mpi", 2), reference(tmp_path, 2))
+
+
+def test_float16_lamb_multi_precision_matches_single_process(tmp_path):
+    """float16 weights, LAMB with float32 master copies: each rank updates one
+    weight at a time (mxnet_mpi's default in a job), the one process all at
+    once (MXNet's default); float16 rounding apart."""
+    run_pooled(SCRIPT, 2, "--kvstore", "mpi", "--lamb-fp16", "--outdir", str(tmp_path / "mpi"),
+               "--steps", str(STEPS))
+    assert_same_trajectory(load_ranks(tmp_path / "mpi", 2),
+                           reference(tmp_path, 2, "--lamb-fp16"), rtol=3e-3, atol=5e-4)
 
 
 def test_ranks_diverge_without_kvstore(tmp_path):

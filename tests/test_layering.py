@@ -16,7 +16,8 @@ PACKAGE = ROOT / "mxnet_mpi"
 # runner, Horovod API, SyncBatchNorm) and the package itself.
 LAYERS = [
     {"errors", "settings", "custom_function", "shm_segments", "transport", "routes", "report",
-     "launch_watch", "pslite_roles", "optimizer_settings", "weight_writes", "rank_children"},
+     "launch_watch", "pslite_roles", "optimizer_settings", "weight_writes", "rank_children",
+     "optimizer_fixes"},
     {"_native", "timeline", "world", "peer_wait"},
     {"collectives", "staging", "batch_sizes", "keys", "ops", "joining", "deferred", "param_order",
      "device_meeting", "module_states",

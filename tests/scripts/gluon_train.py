@@ -6,7 +6,8 @@ Modes:
   --reference N              one process, no kvstore, on the N rank shards
                              concatenated (the expected result)
 Each step every rank (of N) uses its own slice of a global batch; the optimizer
-is SGD with momentum and weight decay; trainer.step(per-rank batch).
+is SGD with momentum and weight decay (--lamb-fp16: float16 weights and LAMB
+with multi_precision); trainer.step(per-rank batch).
 """
 
 import argparse
@@ -29,6 +30,7 @@ ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--outdir", required=True)
 ap.add_argument("--same-seed", action="store_true", help="all ranks init identically")
 ap.add_argument("--hybridize", action="store_true")
+ap.add_argument("--lamb-fp16", action="store_true")
 args = ap.parse_args()
 
 if args.reference:
@@ -43,17 +45,41 @@ rng = np.random.RandomState(42)
 X = rng.randn(args.steps, size, args.batch, 5).astype(np.float32)
 Y = rng.randint(0, 3, size=(args.steps, size, args.batch)).astype(np.float32)
 
+
+
+class Elementwise(gluon.HybridBlock):
+    """A dense layer from elementwise ops: MXNet trains float16 ones on CPU
+    (its FullyConnected cannot)."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(5, units))
+            self.bias = self.params.get("bias", shape=(units,))
+
+    def hybrid_forward(self, F, x, weight, bias):
+        h = F.sum(F.broadcast_mul(F.expand_dims(x, 2), F.expand_dims(weight, 0)), axis=1)
+        return F.broadcast_add(F.tanh(h), bias)
+
+
 mx.random.seed(1000 if (args.same_seed or args.reference) else 1000 + rank)
 net = gluon.nn.HybridSequential()
-net.add(gluon.nn.Dense(16, activation="tanh"),          # deferred init
-        gluon.nn.Dense(8, in_units=16, activation="tanh"),  # initialised at once
-        gluon.nn.Dense(3))
+if args.lamb_fp16:
+    net.add(Elementwise(3))
+else:
+    net.add(gluon.nn.Dense(16, activation="tanh"),          # deferred init
+            gluon.nn.Dense(8, in_units=16, activation="tanh"),  # initialised at once
+            gluon.nn.Dense(3))
 net.initialize(mx.init.Uniform(0.5))
 if args.hybridize:
     net.hybridize()
-trainer = gluon.Trainer(net.collect_params(), "sgd",
-                        {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3},
-                        kvstore=kvstore)
+dtype = "float16" if args.lamb_fp16 else "float32"
+if args.lamb_fp16:
+    net.cast(dtype)
+    optimizer = "lamb", {"learning_rate": 0.05, "wd": 1e-3, "multi_precision": True}
+else:
+    optimizer = "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
+trainer = gluon.Trainer(net.collect_params(), *optimizer, kvstore=kvstore)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 saved = {}
@@ -64,11 +90,11 @@ for step in range(args.steps):
     else:
         x, y = X[step, rank], Y[step, rank]
     with autograd.record():
-        loss = loss_fn(net(mx.nd.array(x)), mx.nd.array(y))
+        loss = loss_fn(net(mx.nd.array(x, dtype=dtype)), mx.nd.array(y, dtype=dtype))
     loss.backward()
     trainer.step(args.batch)
     for i, p in enumerate(net.collect_params().values()):
-        saved["s%d_p%d" % (step, i)] = p.data().asnumpy()
+        saved["s%d_p%d" % (step, i)] = p.data().asnumpy().astype("float32")
 
 os.makedirs(args.outdir, exist_ok=True)
 np.savez(os.path.join(args.outdir, "rank%d.npz" % rank), **saved)

@@ -1,0 +1,55 @@
+"""MXNet 1.9's LAMB with multi_precision=True, updating one float16 weight at
+a time (MXNET_OPTIMIZER_AGGREGATION_SIZE=1, mxnet_mpi's default in a job of
+several ranks, and the Module API's per-device updates), never wrote the
+float32 master copy: each step restarted from its first value. Once
+mxnet_mpi is imported, that update follows LAMB as its grouped update does."""
+
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mxnet_mpi  # noqa: F401  (mends the update)
+
+STEPS, LR, WD, RESCALE = 4, 0.01, 0.01, 0.5
+
+
+def numpy_lamb(w, grads, b1=0.9, b2=0.999, eps=1e-6):
+    """LAMB as MXNet defines it, in float64 (bias correction on)."""
+    w, m, v = w.astype("f8"), np.zeros(w.shape), np.zeros(w.shape)
+    for t, g in enumerate(grads, 1):
+        g = g.astype("f8") * RESCALE
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        step = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps) + WD * w
+        w = w - LR * np.linalg.norm(w) / np.linalg.norm(step) * step
+    return w
+
+
+def lamb(aggregate: int, weights, grads, monkeypatch):
+    monkeypatch.setenv("MXNET_OPTIMIZER_AGGREGATION_SIZE", str(aggregate))
+    opt = mx.optimizer.create("lamb", learning_rate=LR, wd=WD, rescale_grad=RESCALE,
+                              multi_precision=True)
+    updater = mx.optimizer.get_updater(opt)
+    ws = [mx.nd.array(w, dtype="float16") for w in weights]
+    for step in grads:
+        gs = [mx.nd.array(g, dtype="float16") for g in step]
+        if aggregate > 1:
+            updater(list(range(len(ws))), gs, ws)
+        else:
+            for i, (g, w) in enumerate(zip(gs, ws)):
+                updater(i, g, w)
+    return [w.asnumpy() for w in ws], [updater.states[i][0].asnumpy() for i in range(len(ws))]
+
+
+@pytest.mark.parametrize("aggregate", [1, 45])
+def test_lamb_multi_precision_one_at_a_time_follows_lamb(aggregate, monkeypatch):
+    rng = np.random.RandomState(0)
+    weights = [rng.randn(n).astype("float16") for n in (5, 300)]
+    grads = [[rng.randn(n).astype("float16") for n in (5, 300)] for _ in range(STEPS)]
+    got, masters = lamb(aggregate, weights, grads, monkeypatch)
+    for i, w in enumerate(weights):
+        want = numpy_lamb(w, [g[i] for g in grads])
+        # the float32 master copy follows float64 LAMB; the float16 weight is its rounding
+        np.testing.assert_allclose(masters[i], want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(got[i], masters[i].astype("float16"))
