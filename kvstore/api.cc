@@ -83,6 +83,11 @@ const char* kForked =
     if (!g_owner.running()) return Fail("mxnet_mpi: MPI is not initialised"); \
   } while (0)
 
+int UnknownComm(int id) {
+  return Fail("mxnet_mpi: communicator id " + std::to_string(id) + " is not known here: it "
+              "was freed (Communicator.free()) or never made");
+}
+
 MPI_Comm CommById(int id) {
   std::lock_guard<std::mutex> lock(g_comms_mu);
   if (id < 0 || id >= static_cast<int>(g_comms.size())) return MPI_COMM_NULL;
@@ -615,7 +620,7 @@ MXMPI_API int mxmpi_forked() {
 MXMPI_API int mxmpi_comm_split(int parent, int color, int key, int* out) {
   MXMPI_GUARD();
   MPI_Comm pc = CommById(parent);
-  if (pc == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(parent));
+  if (pc == MPI_COMM_NULL) return UnknownComm(parent);
   std::string err;
   g_owner.Call([&] {
     MPI_Comm c;
@@ -635,7 +640,7 @@ MXMPI_API int mxmpi_comm_split(int parent, int color, int key, int* out) {
 MXMPI_API int mxmpi_comm_spans_hosts(int id, int* spans) {
   MXMPI_GUARD();
   MPI_Comm c = CommById(id);
-  if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(id));
+  if (c == MPI_COMM_NULL) return UnknownComm(id);
   std::string err;
   g_owner.Call([&] {
     MPI_Comm node;
@@ -655,7 +660,7 @@ MXMPI_API int mxmpi_comm_spans_hosts(int id, int* spans) {
 MXMPI_API int mxmpi_comm_info(int id, int* rank, int* size) {
   MXMPI_GUARD();
   MPI_Comm c = CommById(id);
-  if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(id));
+  if (c == MPI_COMM_NULL) return UnknownComm(id);
   MPI_Comm_rank(c, rank);
   MPI_Comm_size(c, size);
   return 0;
@@ -681,7 +686,7 @@ MXMPI_API int mxmpi_store_create(int kind, int comm, const char* name, int64_t f
   MXMPI_GUARD();
   if (kind < 0 || kind > 2) return Fail("mxnet_mpi: unknown store kind " + std::to_string(kind));
   MPI_Comm c = CommById(comm);
-  if (c == MPI_COMM_NULL) return Fail("mxnet_mpi: unknown communicator id " + std::to_string(comm));
+  if (c == MPI_COMM_NULL) return UnknownComm(comm);
   const StoreOptions o = MakeOptions(fusion_bytes, small_bytes, chunk_bytes, p2p_bytes,
                                      large_lanes, cycle_us, preempt_bytes);
   std::string err;

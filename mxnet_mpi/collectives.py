@@ -29,7 +29,7 @@ from . import _native, settings
 from ._native import LIB, CallDesc
 from .errors import MPIKVStoreError
 from .peer_wait import waiting_for_peers
-from .world import Communicator, init, require_usable
+from .world import Communicator, init, on_comm_free, require_usable
 
 # numpy dtype -> MXNet dtype code (mshadow TypeFlag)
 DTYPE_CODES = {
@@ -293,3 +293,15 @@ def stream_for(comm: Communicator | None) -> Stream:
                                 % comm.id)
             _streams[comm.id] = stream
         return stream
+
+
+def _drop_stream(comm_id: int) -> None:
+    """A communicator is being freed: its free functions' stream goes too
+    (closed once nothing is pending)."""
+    with _streams_lock:
+        stream = _streams.pop(comm_id, None)
+    if stream is not None:
+        stream.close()
+
+
+on_comm_free(_drop_stream)

@@ -70,8 +70,13 @@ class Communicator:
         return comm
 
     def free(self) -> None:
-        """Release the communicator (stores made from it keep their own copy)."""
+        """Release the communicator and what the free functions made over it
+        (stores made from it keep their own copy); using it afterwards is an
+        error. A communicator lasts until freed: free the ones made per epoch
+        or per phase."""
         if self.id > 0 and _state.world is not None and not _state.forked:
+            for hook in _comm_free_hooks:
+                hook(self.id)
             LIB.mxmpi_comm_free(self.id)
 
 
@@ -91,6 +96,13 @@ class _State:
 _state = _State()
 _lock = threading.Lock()
 _exit_hooks: list = []
+_comm_free_hooks: list = []   # called with a communicator's id as it is freed
+
+
+def on_comm_free(hook: Callable[[int], None]) -> None:
+    """Call `hook(id)` when a communicator is freed (before MPI frees it), so
+    what the layers above made over it goes with it."""
+    _comm_free_hooks.append(hook)
 
 
 def require_usable() -> None:

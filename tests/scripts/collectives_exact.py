@@ -455,6 +455,24 @@ def sec_lowlevel(res: Results) -> None:
     mx.nd.waitall()
     half.free()
     dup.free()
+    # freed, a communicator's free-function stream goes with it: used after,
+    # it is a named error (not its stream answering), and communicators made
+    # and freed in a loop keep nothing
+    try:
+        mxnet_mpi.allreduce_(nd(np.ones(2, np.float32)), comm=half)
+        res.check(False, "a freed communicator was still usable")
+    except mxnet_mpi.MPIKVStoreError as exc:
+        res.check("was freed" in str(exc), "use after free: %s" % exc)
+    from mxnet_mpi import collectives
+    held = len(collectives._streams)
+    for i in range(20):
+        cycle = w.split(0)
+        a = nd(np.full(3, i, np.int32))
+        mxnet_mpi.allreduce_(a, comm=cycle)
+        res.equal(a, np.full(3, i * SIZE, np.int32), "allreduce_ over split() %d" % i)
+        cycle.free()
+    res.check(len(collectives._streams) == held,
+              "streams held %d after 20 split/free, %d before" % (len(collectives._streams), held))
 
 
 def sec_two_stores(res: Results) -> None:
