@@ -164,6 +164,9 @@ std::string StoresDiffer(MPI_Comm comm, ExecKind kind, const StoreOptions& o) {
       if (differs[f])
         out += std::string(" ") + kFields[f - 1] + "=" + std::to_string(all[r * kN + f]);
   }
+  if (differs[0])
+    out += " (a store's mode is its kvstore name's, e.g. 'mpi_chained'; for 'mpi', "
+           "MXNET_MPI_MODE's)";
   return out;
 }
 

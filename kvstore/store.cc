@@ -102,8 +102,9 @@ Store::Store(int id, ExecKind kind, MPI_Comm comm, const std::string& name,
     case ExecKind::kConcurrent: {
       LaneConfig small = base;
       small.comm = comm_;
-      small.fuse = true;
-      small.fusion_bytes = std::max(options_.fusion_bytes, options_.small_bytes);
+      small.fuse = options_.fusion_bytes > 0;   // MXNET_MPI_FUSION_BYTES=0: no fusion
+      small.fusion_bytes =
+          small.fuse ? std::max(options_.fusion_bytes, options_.small_bytes) : 0;
       lanes_.emplace_back(new Lane(small));
       for (int i = 0; i < std::max(1, options_.large_lanes); ++i) {
         LaneConfig c = base;

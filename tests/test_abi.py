@@ -30,3 +30,25 @@ def test_stale_libraries_fail_to_load_with_a_clear_message(tmp_path):
     for case, phrase in expected.items():
         assert phrase in out[case] and REBUILD in out[case], (case, out[case])
         assert "mxnet_mpi: the native library " in out[case], out[case]
+
+
+def test_libmpi_setting_naming_another_library_says_so(tmp_path):
+    """MXNET_MPI_LIBMPI naming a library that loads but is not Open MPI 5's
+    libmpi.so.40 (here Python's _ctypes extension), or one that does not load:
+    the error names the setting and what it must name, not 'libmpi.so.40 was
+    not found'."""
+    import _ctypes
+    import subprocess
+    import sys
+
+    from mpirun import ROOT, mpi_env
+    missing = str(tmp_path / "libmpi.so.40")
+    for path, phrase in ((_ctypes.__file__, "was loaded, but it is not Open MPI 5's "
+                                            "libmpi.so.40"),
+                         (missing, "cannot be loaded")):
+        proc = subprocess.run([sys.executable, "-c", "import mxnet_mpi"], cwd=str(ROOT),
+                              env=mpi_env({"MXNET_MPI_LIBMPI": path}), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode != 0, proc.stdout
+        assert ("MXNET_MPI_LIBMPI=%s" % path) in proc.stderr and phrase in proc.stderr, \
+            proc.stderr[-2000:]

@@ -208,7 +208,9 @@ def test_ranks_that_create_different_stores_are_told_at_once():
     for r in ranks:
         assert "the ranks create different stores" in r["kinds"], r
         assert "rank 0 funneled; rank 1 chained" in r["kinds"], r
+        assert "for 'mpi', MXNET_MPI_MODE's" in r["kinds"], r   # where a mode comes from
         assert "rank 0 funneled chunk_bytes=" in r["settings"], r
+        assert "MXNET_MPI_MODE" not in r["settings"], r          # only where modes differ
         assert "rank 1 funneled chunk_bytes=65536" in r["settings"], r
         assert r["exact_after"], r
 

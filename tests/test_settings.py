@@ -88,6 +88,9 @@ def test_the_environment_check_sees_reads_through_a_name():
     ("MXNET_MPI_COMM_NICE", "20", "MXNET_MPI_COMM_NICE must be <= 19, got '20'"),
     ("MXNET_MPI_COMM_NICE", "-21", "MXNET_MPI_COMM_NICE must be >= -20, got '-21'"),
     ("MXNET_MPI_STALL_WARN_S", "soon", "MXNET_MPI_STALL_WARN_S must be a number, got 'soon'"),
+    # 0 would call every wait a stall (warn) or abort every healthy job at its start
+    ("MXNET_MPI_STALL_WARN_S", "0", "MXNET_MPI_STALL_WARN_S must be >= 1, got '0'"),
+    ("MXNET_MPI_STALL_ABORT_S", "0.5", "MXNET_MPI_STALL_ABORT_S must be >= 1, got '0.5'"),
     ("MXNET_MPI_STALL_ABORT_S", "nan", "MXNET_MPI_STALL_ABORT_S must be a finite number, "
                                        "got 'nan'"),
     ("MXNET_MPI_HEALTH_INTERVAL_S", "inf", "MXNET_MPI_HEALTH_INTERVAL_S must be a finite "

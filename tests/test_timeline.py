@@ -62,3 +62,23 @@ def test_timeline_one_event_per_collective(traces, m, mode):
         # one time axis: MXNet's events and ours overlap in time
         mx_ts = [e["ts"] for e in theirs if "ts" in e]
         assert min(mx_ts) <= min(e["ts"] for e in coll) <= max(mx_ts)
+
+
+def test_fusion_off_moves_every_allreduce_alone(tmp_path):
+    """MXNET_MPI_FUSION_BYTES=0 means no fusion in every mode that fuses
+    (concurrent's small lane fused up to MXNET_MPI_SMALL_BYTES anyway): 40
+    small allreduces ready together start 40 times; with the default they
+    share starts (the control: the count can see fusion)."""
+    trace = str(tmp_path / "fusion.json")
+    proc = run_mpi("fusion_run.py", 2, "funneled,concurrent", env={"MXNET_MPI_TIMELINE": trace})
+    assert proc.stdout.count("exact True") == 8, proc.stdout
+    with open(rank_path(trace, 0)) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "collective"]
+    for mode in ("f", "c"):
+        starts = {}
+        for fusion in ("1048576", "0"):
+            mine = [e for e in events if e["name"].startswith("allreduce")
+                    and key_of(e).startswith("%s%sk" % (mode, fusion))]
+            assert len(mine) == 40, (mode, fusion, len(mine))
+            starts[fusion] = len({e["args"]["start_us"] for e in mine})
+        assert starts["0"] == 40 and starts["1048576"] < 40, (mode, starts)

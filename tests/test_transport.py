@@ -20,8 +20,8 @@ def test_defaults_fill_gaps_and_never_override_the_user():
     assert env["OMPI_MCA_btl_tcp_links"] == "1" and "OMPI_MCA_btl_tcp_links" not in added
     assert all(env[k] == v for k, v in added.items())
     empty: dict = {}
-    assert transport.apply(empty, host=False) == {k: v for k, (v, _) in
-                                                  transport.DEFAULTS.items()}
+    assert transport.apply(empty, host=False, files=[]) == {k: v for k, (v, _) in
+                                                            transport.DEFAULTS.items()}
     off = {"MXNET_MPI_TRANSPORT_DEFAULTS": "0"}
     assert transport.apply(off) == {} and set(off) == {"MXNET_MPI_TRANSPORT_DEFAULTS"}
 
@@ -48,6 +48,11 @@ def test_ofi_btl_left_out_only_without_rdma_and_without_a_btl_list(tmp_path, mon
     monkeypatch.setattr(transport, "rdma_devices", lambda: [])
     monkeypatch.setattr(transport, "_mca_files", lambda env: [str(plain)])
     assert transport.apply({})["OMPI_MCA_btl"] == "^ofi"
+    # a default the user's parameter file sets is not put into the
+    # environment, which would beat the file
+    env = {}
+    assert "OMPI_MCA_btl_tcp_links" not in transport.apply(env, files=[str(plain)])
+    assert "OMPI_MCA_btl_tcp_links" not in env
 
 
 def test_segments_go_to_a_directory_of_the_job_unless_one_is_chosen(tmp_path, monkeypatch):
