@@ -136,7 +136,10 @@ std::string StoresDiffer(MPI_Comm comm, ExecKind kind, const StoreOptions& o) {
   int p = 1;
   MPI_Comm_size(comm, &p);
   std::vector<int64_t> all(static_cast<size_t>(kN) * p);
-  if (MPI_Allgather(mine, kN, MPI_INT64_T, all.data(), kN, MPI_INT64_T, comm) != MPI_SUCCESS)
+  MPI_Request req;
+  if (MPI_Iallgather(mine, kN, MPI_INT64_T, all.data(), kN, MPI_INT64_T, comm, &req) !=
+          MPI_SUCCESS ||
+      WaitPolitely(&req) != MPI_SUCCESS)
     return "mxnet_mpi: MPI_Allgather failed while the ranks compared their stores";
   std::vector<bool> differs(kN, false);
   bool any = false;
@@ -174,8 +177,11 @@ int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
                 const StoreOptions& options, std::string* err) {
   int id = -1;
   g_owner.Call([&] {
+    // Creating a store is where ranks wait for a peer still loading its data:
+    // non-blocking calls with a sleeping wait (the blocking ones poll a core).
     MPI_Comm own = MPI_COMM_NULL;
-    if (MPI_Comm_dup(comm, &own) != MPI_SUCCESS) {
+    MPI_Request req;
+    if (MPI_Comm_idup(comm, &own, &req) != MPI_SUCCESS || WaitPolitely(&req) != MPI_SUCCESS) {
       *err = "mxnet_mpi: MPI_Comm_dup failed";
       return;
     }
@@ -186,7 +192,7 @@ int CreateStore(ExecKind kind, MPI_Comm comm, const std::string& name,
       return;
     }
     int next = g_next_store;
-    MPI_Allreduce(MPI_IN_PLACE, &next, 1, MPI_INT, MPI_MAX, own);
+    AllreducePolitely(MPI_IN_PLACE, &next, 1, MPI_INT, MPI_MAX, own);
     id = next;
     g_next_store = next + 1;
     auto store = std::make_shared<Store>(id, kind, own, name, options);
@@ -627,7 +633,8 @@ MXMPI_API int mxmpi_comm_split(int parent, int color, int key, int* out) {
   std::string err;
   g_owner.Call([&] {
     MPI_Comm c;
-    int rc = MPI_Comm_split(pc, color < 0 ? MPI_UNDEFINED : color, key, &c);
+    int rc = BarrierPolitely(pc);   // late peers are waited for sleeping
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_split(pc, color < 0 ? MPI_UNDEFINED : color, key, &c);
     if (rc != MPI_SUCCESS) {
       err = "mxnet_mpi: MPI_Comm_split failed";
       return;
@@ -647,7 +654,8 @@ MXMPI_API int mxmpi_comm_spans_hosts(int id, int* spans) {
   std::string err;
   g_owner.Call([&] {
     MPI_Comm node;
-    if (MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    if (BarrierPolitely(c) != MPI_SUCCESS ||   // late peers are waited for sleeping
+        MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
       err = "mxnet_mpi: MPI_Comm_split_type failed";
       return;
     }

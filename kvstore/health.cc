@@ -42,6 +42,21 @@ std::mutex g_flight_mu;
 std::map<uint64_t, Flight> g_flights;
 uint64_t g_next_flight = 1;
 
+// (store, seq) of the collectives in flight, oldest first, at most `max`.
+std::vector<std::pair<int, uint64_t>> InFlight(size_t max) {
+  std::vector<std::pair<Clock::time_point, std::pair<int, uint64_t>>> all;
+  {
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    for (const auto& kv : g_flights)
+      if (kv.second.kind == FlightKind::kCollective)
+        all.push_back({kv.second.since, {kv.second.store, kv.second.seq}});
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<std::pair<int, uint64_t>> out;
+  for (size_t i = 0; i < all.size() && i < max; ++i) out.push_back(all[i].second);
+  return out;
+}
+
 bool Oldest(uint64_t* id, Flight* out) {
   std::lock_guard<std::mutex> lock(g_flight_mu);
   bool found = false;
@@ -81,6 +96,11 @@ constexpr int kTag = 7;
 constexpr int kDescLen = 152;
 constexpr int kWhereLen = 200;
 constexpr int kMaxFinals = 16;
+// A rank has several collectives in flight at once (a step's gradients);
+// which is its oldest differs from rank to rank, so each heartbeat carries
+// them all (the oldest this many): a peer in flight on the one a rank waits
+// on is waiting on it too, not missing.
+constexpr int kMaxInFlight = 32;
 
 // kFinishing: the program ended (Python's exit handlers run); kStopping: the
 // process reached the end of the job (MPI is being finalised).
@@ -95,6 +115,8 @@ struct Status {
   char desc[kDescLen];
   char where[kWhereLen];
   int64_t finals[kMaxFinals][3];  // (store id, collectives issued, joins completed)
+  int32_t ninflight, pad2;
+  int64_t inflight[kMaxInFlight][2];  // (store id, seq) of its collectives in flight
 };
 
 struct Peer {
@@ -131,6 +153,12 @@ Status Mine() {
     s.age = Seconds(Clock::now() - f.since);
     std::strncpy(s.desc, f.desc.c_str(), kDescLen - 1);
     std::strncpy(s.where, f.where.c_str(), kWhereLen - 1);
+  }
+  const auto inflight = InFlight(kMaxInFlight);
+  s.ninflight = static_cast<int32_t>(inflight.size());
+  for (size_t i = 0; i < inflight.size(); ++i) {
+    s.inflight[i][0] = inflight[i].first;
+    s.inflight[i][1] = static_cast<int64_t>(inflight[i].second);
   }
   std::lock_guard<std::mutex> lock(g_finals_mu);
   s.state = g_stop ? kStopping : g_finishing ? kFinishing : kRunning;
@@ -214,9 +242,12 @@ std::string Peers(const Flight& f, const Members& m, const std::vector<Peer>& pe
     if (p == g_rank || p < 0 || p >= g_size) continue;
     const Peer& peer = peers[p];
     const Status& s = peer.last;
-    const bool same = peer.heard && s.waiting && s.store == f.store &&
-                      s.kind == static_cast<int32_t>(f.kind) &&
-                      (f.kind == FlightKind::kJoin || s.seq == static_cast<int64_t>(f.seq));
+    bool same = peer.heard && s.waiting && s.store == f.store &&
+                s.kind == static_cast<int32_t>(f.kind) &&
+                (f.kind == FlightKind::kJoin || s.seq == static_cast<int64_t>(f.seq));
+    for (int i = 0; i < s.ninflight && i < kMaxInFlight && peer.heard && !same; ++i)
+      same = f.kind == FlightKind::kCollective && s.inflight[i][0] == f.store &&
+             s.inflight[i][1] == static_cast<int64_t>(f.seq);
     if (same && !Silent(peer, now)) {
       waiting << " " << p;
       continue;

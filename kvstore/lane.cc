@@ -137,6 +137,12 @@ int AllreducePolitely(const void* in, void* out, int count, MPI_Datatype type, M
   return rc == MPI_SUCCESS ? WaitPolitely(&req) : rc;
 }
 
+int BarrierPolitely(MPI_Comm comm) {
+  MPI_Request req;
+  const int rc = MPI_Ibarrier(comm, &req);
+  return rc == MPI_SUCCESS ? WaitPolitely(&req) : rc;
+}
+
 Lane::Lane(const LaneConfig& cfg) : cfg_(cfg) {
   MPI_Comm_rank(cfg_.comm, &rank_);
   MPI_Comm_size(cfg_.comm, &size_);

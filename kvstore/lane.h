@@ -141,6 +141,9 @@ int WaitPolitely(MPI_Request* req);
 // needs while the others wait.
 int AllreducePolitely(const void* in, void* out, int count, MPI_Datatype type, MPI_Op op,
                       MPI_Comm comm);
+// A barrier with that wait: before a blocking call that has no non-blocking
+// form (MPI_Comm_split), so a rank whose peers come late sleeps meanwhile.
+int BarrierPolitely(MPI_Comm comm);
 
 // The nice value (setpriority) a store's communicating thread takes when its
 // waits sleep (the point-to-point route, across hosts): woken by the network,

@@ -237,7 +237,7 @@ std::string Store::Join() {
   // Ranks issued different numbers of collectives before joining: carry on
   // from the largest count, the same on every rank.
   uint64_t next = next_seq_;
-  MPI_Allreduce(MPI_IN_PLACE, &next, 1, MPI_UINT64_T, MPI_MAX, comm_);
+  AllreducePolitely(MPI_IN_PLACE, &next, 1, MPI_UINT64_T, MPI_MAX, comm_);
   next_seq_ = next;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -153,3 +153,31 @@ def test_mismatch_is_an_error_under_naive_engine(naive, mode):
         assert c["error"] and "ranks disagree on a collective" in c["error"], c
         assert c["after"] == [2.0] * 3, c
 
+
+
+def test_ranks_waiting_for_a_late_peer_sleep():
+    """A peer 3 s late (still loading its data) to a store's creation, then to
+    a communicator split: the ranks waiting for it sleep (the blocking MPI
+    calls there polled a core: 0.5-1.0 of it), and all goes on exactly."""
+    proc = run_mpi("late_peer.py", 2, timeout=120)
+    waits = dict((w, float(r)) for w, r in re.findall(r"WAIT (\w+) ([\d.]+) after", proc.stdout))
+    assert set(waits) == {"store", "split"}, proc.stdout
+    for what, cpu_per_wall in waits.items():
+        assert cpu_per_wall < 0.25, (what, proc.stdout)
+    assert proc.stdout.count("sum [2.0, 2.0, 2.0]") == 2, proc.stdout
+
+
+def test_stall_warning_names_only_the_rank_that_is_missing():
+    """Ranks with several collectives in flight each report their oldest,
+    which differs from rank to rank: a rank in flight on the collective that
+    waits is waiting on it too, not missing (rank 2 here was listed as
+    missing key 0's collective because its oldest was key 1's)."""
+    proc = run_mpi("stall_names.py", 3, timeout=120,
+                   env={"MXNET_MPI_STALL_WARN_S": "2", "MXNET_MPI_STALL_ABORT_S": "30"})
+    assert proc.stdout.count("sums 3.0 3.0") == 3, proc.stdout
+    warnings = re.findall(r"\[rank [02]\] mxnet_mpi: stall warning: .*", proc.stderr)
+    assert len(warnings) >= 2, proc.stderr[-3000:]
+    for line in warnings:
+        assert re.search(r"Ranks waiting on it: [02] [02]\. Missing ranks: 1 \(alive, no "
+                         r"collective ready", line), line
+        assert not re.search(r"Missing ranks: .*[;:] [02] \(", line), line
