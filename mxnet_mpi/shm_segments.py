@@ -8,11 +8,9 @@ shared-memory transport, or wrong numbers. A process started by Open MPI's
 mpirun therefore gets a directory of its job's own in ``/dev/shm`` (memory,
 like Open MPI's default): ``/dev/shm/mxnet_mpi-<uid>-<pid ns>/<daemon>.<job
 name>``, where ``<daemon>`` is the session directory of this host's mpirun or
-daemon (``ompi.<pid>`` or ``prted.<pid>``). Open MPI removes each
-segment when its process finalises MPI, and each rank then removes the
-directory if it is empty (transport.job_segments), so the last one removes it;
-a directory whose daemon no longer runs (a job aborted or killed) is removed
-by the next process that prepares one. A pid names a process only in its pid
+daemon (``ompi.<pid>`` or ``prted.<pid>``). Open MPI removes the segments
+when the job ends; a directory whose daemon no longer runs is removed by the
+next process that prepares one. A pid names a process only in its pid
 namespace, so each namespace (``<pid ns>``, the inode of /proc/self/ns/pid)
 has a directory of its own and cleans only that one: containers that share
 /dev/shm (``docker run --ipc=host``) never remove each other's running jobs'

@@ -34,7 +34,7 @@ import glob
 import os
 import sys
 from contextlib import contextmanager
-from typing import Iterator, Mapping, MutableMapping, Sequence
+from typing import Iterator, MutableMapping, Sequence
 
 from . import settings, shm_segments
 
@@ -113,18 +113,6 @@ def process_defaults(env: MutableMapping | None = None, files: Sequence[str] | N
     if path is None or _user_chose(env, SM_DIR_NAMES, files):
         return {}
     return {SM_DIR_VAR: (path, "segments of one job only: /dev/shm's names can meet")}
-
-
-def job_segments(env: Mapping | None = None) -> str | None:
-    """This mpirun-started process's segment directory where it is the one
-    process_defaults chose (its job's own, not a user's), else None. Each
-    rank removes it after MPI_Finalize if it is empty by then, so the last
-    rank to finish leaves nothing behind."""
-    env = os.environ if env is None else env
-    path = shm_segments.job_dir(env)
-    if path and env.get(SM_DIR_VAR) == path and os.path.dirname(path) == shm_segments.root():
-        return path
-    return None
 
 
 @contextmanager

@@ -242,12 +242,9 @@ def _finish() -> None:
 
 
 def _remove_session_after_finalize() -> None:
-    # MPI_Finalize leaves a singleton's session directory behind, empty, and
-    # a job's segment directory (each rank's segment is gone, the directory
-    # stays); the native library removes it right after, if empty (at process
-    # exit, or in finalize)
-    session = (shm_segments.singleton_session_dir(_state.segment_dir)
-               or transport.job_segments())
+    # MPI_Finalize leaves a singleton's session directory behind, empty; the
+    # native library removes it right after (at process exit, or in finalize)
+    session = shm_segments.singleton_session_dir(_state.segment_dir)
     if session:
         LIB.mxmpi_remove_after_finalize(session.encode())
 
