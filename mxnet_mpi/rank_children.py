@@ -9,10 +9,12 @@ would take it for the rank, and two processes claiming one rank crash the job
 
 So a rank that starts MPI marks its environment with its identity and pid
 (``MXNET_MPI_RANK_PROCESS``); a process that finds the mark of another process
-of its own job and rank is one the rank started, and drops the inherited
-launch variables before it starts MPI: it runs as a world of one, as any
-process outside mpirun does. A process that mpirun started (whatever its
-parent) has no mark of its own job, or its own pid in it after an exec.
+of its own job and rank is one the rank started. It is refused MPI (world.py):
+it cannot be a rank of the job, and training there as a world of one would
+quietly leave the job. Started with ``env=detached()`` (no launch variables),
+it is a world of one, as any process outside mpirun. A process that mpirun
+started (whatever its parent) has no mark of its own job, or its own pid in
+it after an exec.
 
 The standard library only (besides the two modules that choose Open MPI's
 environment).
@@ -21,7 +23,7 @@ environment).
 from __future__ import annotations
 
 import os
-from typing import MutableMapping
+from typing import Mapping, MutableMapping
 
 from . import shm_segments, transport
 
@@ -75,3 +77,12 @@ def detach(env: MutableMapping | None = None) -> list:
     for name in names:
         env.pop(name, None)
     return names
+
+
+def detached(env: Mapping | None = None) -> dict:
+    """A copy of `env` (default: this process's environment) without the
+    launch variables: for ``subprocess.run(..., env=detached())``, a process
+    that runs as a world of one rank of its own."""
+    out = dict(os.environ if env is None else env)
+    detach(out)
+    return out

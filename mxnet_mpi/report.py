@@ -22,7 +22,7 @@ import atexit
 import os
 import socket
 
-from . import settings
+from . import rank_children, settings
 
 ENV = "MXNET_MPI_REPORT"
 _state: dict = {"sock": None, "status": None}
@@ -73,6 +73,8 @@ def started() -> None:
     rank = rank_from_env()
     if _state["sock"] is not None or not target or rank is None:
         return
+    if rank_children.started_by() is not None:
+        return   # a process the rank started (it inherited the variables), not the rank
     host, _, port = target.rpartition(":")
     try:
         _state["sock"] = socket.create_connection((host, int(port)), timeout=3)

@@ -218,8 +218,8 @@ TABLE: tuple = (
             default_doc="set by the launcher"),
     Setting("MXNET_MPI_RANK_PROCESS", "str", None,
             "`<job>:<rank>:<pid>` of a rank that started MPI, for the processes it starts: "
-            "one of them that uses MPI runs as a world of one instead of as a second copy "
-            "of the rank ([faults.md](faults.md#exits))",
+            "one of them that uses MPI is refused instead of becoming a second copy of the "
+            "rank ([faults.md](faults.md#exits))",
             default_doc="set by each rank"),
     Setting("MXNET_MPI_LIBMPI", "str", None,
             "path of the `libmpi.so.40` to load, e.g. a system Open MPI 5's (default: one "

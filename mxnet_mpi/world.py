@@ -136,7 +136,7 @@ def init() -> Communicator:
         _keep_mpi4py_from_finalizing()
         if timeline.requested():
             timeline.start()
-        _detach_from_parent_rank()
+        _refuse_rank_child()
         out = [ctypes.c_int() for _ in range(5)]
         with transport.singleton_segments() as _state.segment_dir, waiting_for_peers(
                 "MPI's start-up", "a process of the job that never starts MPI (one that "
@@ -173,19 +173,23 @@ def init() -> Communicator:
         return _state.world
 
 
-def _detach_from_parent_rank() -> None:
-    """A process that a rank started (subprocess, a spawn worker) and that
-    inherited its launch environment starts MPI as a world of one, instead of
-    as a second copy of that rank (which crashes the job)."""
+def _refuse_rank_child() -> None:
+    """A process that a rank started (subprocess, a spawn worker) with the
+    rank's launch environment cannot start MPI: Open MPI would take it for a
+    second copy of the rank and crash the job, and as a world of one it would
+    quietly train alone."""
     parent = rank_children.started_by()
     if parent is None:
         return
-    rank_children.detach()
-    warnings.warn("mxnet_mpi: this process (pid %d) was started by the process of an MPI "
-                  "rank (pid %d), not by mpirun, and inherited that rank's launch "
-                  "environment; it runs as a world of one rank of its own (processes of the "
-                  "job are the ones mpirun starts)" % (os.getpid(), parent),
-                  RuntimeWarning, stacklevel=3)
+    rank = (rank_children.identity(os.environ) or "?:?").rsplit(":", 1)[1]
+    raise MPIKVStoreError(
+        "mxnet_mpi: this process (pid %d) was started by rank %s's process (pid %d), not by "
+        "mpirun, and inherited its launch environment: it cannot be a rank of that job (Open "
+        "MPI would take it for a second copy of rank %s and crash the job). Ranks are the "
+        "processes mpirun starts. To run it as a world of one rank of its own, start it with "
+        "env=mxnet_mpi.rank_children.detached(); a multiprocessing spawn worker re-imports "
+        "the main module: keep training under `if __name__ == '__main__':`"
+        % (os.getpid(), rank, parent, rank))
 
 
 def _agreed_table(n: int) -> list:

@@ -238,3 +238,34 @@ def test_a_process_started_by_a_rank_is_told_apart_from_ranks_mpirun_started():
     # the user's own Open MPI settings stay
     assert child == {"OMPI_MCA_btl": "^ofi"}, child
     assert transport.SM_DIR_VAR in removed and rank_children.MARK in removed
+
+
+def test_a_process_started_by_a_rank_does_not_report_to_the_launcher_as_the_rank():
+    """Under the launcher a rank's runner reports its start and end; a process
+    that rank starts through the runner inherits the launcher's address and the
+    rank's identity, and reporting as the rank would make the launcher end a
+    healthy job when it exits. Only the rank reports."""
+    import socket
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(20)
+    port = server.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if k != rank_children.MARK}
+    base.update({"PMIX_NAMESPACE": "prterun-h-10@1", "PMIX_RANK": "0",
+                 "OMPI_COMM_WORLD_RANK": "0", "MXNET_MPI_REPORT": "127.0.0.1:%d" % port})
+    code = "from mxnet_mpi import report; report.started()"
+    try:
+        for mark, reports in ((None, True), ("prterun-h-10@1:0:1", False)):
+            env = dict(base, **({rank_children.MARK: mark} if mark else {}))
+            subprocess.run([sys.executable, "-c", code], env=env, timeout=60, check=True)
+            server.settimeout(20 if reports else 1)
+            try:
+                conn, _ = server.accept()
+                line = conn.makefile().readline()
+                conn.close()
+            except socket.timeout:
+                line = ""
+            assert line.startswith("start 0 ") == reports, (mark, line)
+    finally:
+        server.close()

@@ -4,9 +4,10 @@ that cannot finish.
   mpirun -np 2 python exit_forks.py loaders CYCLES
       first each rank forks a child that computes with MXNet, tries a store
       (must be refused: 'store refused: ...') and exits 0 ('child exited with
-      status 0'), then runs a Python process that uses a store (it inherited
-      the rank's launch environment: it must run as a world of one,
-      'subprocess world 0 1 ...', not as a second copy of the rank) and starts
+      status 0'), then runs a Python process that uses a store, twice: with
+      the rank's launch environment (refused, not a second copy of the rank:
+      'subprocess inherited refused True') and with mxnet_mpi.rank_children.
+      detached() ('subprocess detached world 0 1 ...'), and starts
       Python's multiprocessing resource tracker with a shared-memory block
       left for it to remove (the rank's exit must let it do so). Then train
       with kvstore='mpi' from DataLoaders with 2 fork workers each:
@@ -38,9 +39,12 @@ import mxnet_mpi
 
 scenario = sys.argv[1]
 CHILD = ("import mxnet as mx, mxnet_mpi\n"
-         "kv = mx.kv.create('mpi'); a = mx.nd.ones((3,)); kv.init(0, a)\n"
-         "kv.pushpull(0, a, out=a)\n"
-         "print('world', mxnet_mpi.rank(), mxnet_mpi.size(), a.asnumpy().tolist())")
+         "try:\n"
+         "    kv = mx.kv.create('mpi'); a = mx.nd.ones((3,)); kv.init(0, a)\n"
+         "    kv.pushpull(0, a, out=a)\n"
+         "    print('world', mxnet_mpi.rank(), mxnet_mpi.size(), a.asnumpy().tolist())\n"
+         "except mxnet_mpi.MPIKVStoreError as exc:\n"
+         "    print('refused', 'second copy of rank' in str(exc))\n")
 if scenario == "stuck" and os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
     # Registered before MPI starts, so it runs after mxnet_mpi's exit handler.
     atexit.register(threading.Event().wait)
@@ -74,11 +78,12 @@ if scenario == "loaders":
     print("rank %d child exited with status %d" % (rank, os.waitstatus_to_exitcode(status)),
           flush=True)
     kv.pushpull("after-fork", mx.nd.ones((2,)))
-    child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                           timeout=120)
-    print("rank %d subprocess %s status %d" % (rank, child.stdout.strip(), child.returncode),
-          flush=True)
-    sys.stderr.write(child.stderr)
+    for how, env in (("inherited", None), ("detached", mxnet_mpi.rank_children.detached())):
+        child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                               timeout=120, env=env)
+        print("rank %d subprocess %s %s status %d"
+              % (rank, how, child.stdout.strip(), child.returncode), flush=True)
+        sys.stderr.write(child.stderr)
     # the tracker would remove the block when this rank's process is gone
     block = shared_memory.SharedMemory(
         create=True, size=64, name="exit_forks_%s_%d" % (os.environ["EXIT_FORKS_TOKEN"], rank))
