@@ -126,8 +126,9 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         self._check_ps_env(world.size)
         group = world.split(self._group_id, world.rank)
         assert group is not None
-        super().__init__(mode, comm=group)   # self._comm: a duplicate of the group
-        group.free()
+        # the stream reduces over a duplicate of the group; the group itself
+        # stays: kv.comm names it (for collectives over the store's group)
+        super().__init__(mode, comm=group)
         self._world = world                  # initial weights come from world rank 0
         self._world_stream = Stream(_native.EXEC_CHAINED, world, self.type + " (world)")
         self._is_ps_worker = self._route_name == "sharded" or self._comm.rank == 0

@@ -125,6 +125,7 @@ def test_dist_async_mpi_trains(tmp_path, route):
             assert info["stats"]["server_push_dense"] == steps * nkeys // 2
         else:
             assert info["is_ps_worker"] == (info["group_rank"] == 0)
+        assert info["group_sum"] == [2.0, 2.0], info   # collectives over kv.comm
     # Each group pushed its sum of every key once per step.
     assert pushes == {0: steps * nkeys, 1: steps * nkeys}
 

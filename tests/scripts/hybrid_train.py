@@ -137,6 +137,9 @@ if isinstance(store, mxnet_mpi.MPIKVStore):
                     num_groups=store.num_groups, is_ps_worker=store.is_ps_worker,
                     routes={str(k): v for k, v in store.routes.items()},
                     stats=dict(store.stats))
+        ones = mx.nd.ones((2,))   # the store's group, as kv.comm names it
+        mxnet_mpi.allreduce_(ones, comm=store.comm)
+        info["group_sum"] = ones.asnumpy().tolist()
 elif kv_obj is not None:
     info["type"] = kv_obj.type
 with open(os.path.join(args.outdir, "rank%d.json" % rank), "w") as f:
