@@ -19,8 +19,14 @@ for mode in sys.argv[1].split(","):
         xs = [mx.nd.full((100,), i) for i in range(40)]
         outs = [mx.nd.zeros((100,)) for _ in range(40)]
         kv.init(keys, xs)
-        mx.nd.waitall()   # every input ready before the first push
-        for key, x, out in zip(keys, xs, outs):
+        mx.nd.waitall()
+        # the 40 inputs are one op's outputs, after a slow one: all are pushed
+        # before any is ready, and all become ready at once (pushed ready, one
+        # by one, each could start alone)
+        big = mx.nd.ones((600, 600))
+        gate = mx.nd.dot(big, big)[0, 0:1] * 0
+        flat = mx.nd.broadcast_add(mx.nd.concat(*xs, dim=0), gate)
+        for key, x, out in zip(keys, mx.nd.split(flat, num_outputs=40, axis=0), outs):
             kv.pushpull(key, x, out=out)
         mx.nd.waitall()
         ok = all(np.array_equal(o.asnumpy(), np.full(100, i * mxnet_mpi.size(), "f"))
