@@ -347,10 +347,17 @@ def join(target=None) -> int:
             issued[id(s)] = exc
 
     threads = [threading.Thread(target=run, args=(s,)) for s in stores]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # The free functions' store is joined once for all of them, held over every
+    # thread: per store, a thread that started late found the first one's join
+    # of it over and joined it again, a round more than on other ranks (hang).
+    world = stream_for(None).comm.size
+    spanning = next((s for s in stores if s.stream.comm.size == world), None)
+    with (_free_functions_joined(spanning) if spanning is not None
+          else contextlib.nullcontext()):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     for r in issued.values():
         if isinstance(r, Exception):
             raise r

@@ -15,6 +15,9 @@ lanes        concurrent mode with 2 lanes for large arrays (MXNET_MPI_LARGE_LANE
 chained_two  two Trainers on chained stores, then mxnet_mpi.join(): their
              concurrent joins met the one process-wide chain in different
              orders (stall abort); now a named error
+three_stores a store of one's own and two Trainers, then mxnet_mpi.join(), four
+             epochs: a store's join thread that started late joined the free
+             functions' store a second time (about 1 round in 3 hung)
 Prints "WEIGHTS <rank> <values>" or "ERROR <rank> <message>".
 """
 
@@ -74,6 +77,26 @@ elif scenario == "lanes":
         tr.step(4)
     mxnet_mpi.join()
     print("WEIGHTS %d %s" % (R, float(net.weight.data().asnumpy().sum())), flush=True)
+elif scenario == "three_stores":
+    kv = mx.kv.create("mpi")
+    ev = nd.ones((2,))
+    kv.pushpull("ev", ev, out=ev)
+    nets = [gluon.nn.Dense(1, in_units=2) for _ in range(2)]
+    trainers = []
+    for net in nets:
+        net.initialize(mx.init.Constant(1))
+        trainers.append(gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                      kvstore="mpi"))
+    for _epoch in range(4):
+        for s in range(3 - R):
+            for net, tr in zip(nets, trainers):
+                with autograd.record():
+                    loss = net(nd.ones((1, 2)) * (s + 1)).sum()
+                loss.backward()
+                tr.step(1)
+        mxnet_mpi.join()
+    print("WEIGHTS %d %s" % (R, [n.weight.data().asnumpy().ravel().tolist() for n in nets]),
+          flush=True)
 elif scenario == "chained_two":
     nets = [gluon.nn.Dense(2, in_units=3) for _ in range(2)]
     trainers = []
