@@ -66,8 +66,9 @@ def started_by(env: MutableMapping | None = None, pid: int | None = None) -> int
 
 
 def detach(env: MutableMapping | None = None) -> list:
-    """Remove the inherited launch variables from `env` (and the rank's
-    shared-memory directory, which the rank's job removes); returns their names."""
+    """Remove the inherited launch variables from `env` (and the rank's job's
+    shared-memory directory: a world of one keeps its segment in one of its
+    own); returns their names."""
     env = os.environ if env is None else env
     job_dir = shm_segments.job_dir(env)
     names = [n for n in list(env)
