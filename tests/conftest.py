@@ -33,6 +33,12 @@ def pytest_sessionstart(session) -> None:
 
 
 def pytest_sessionfinish(session) -> None:
+    # this process's warm rank pools, each with its directory: an xdist
+    # worker ends without running atexit handlers, so pool.py's own left
+    # every pool's directory in /tmp at every run
+    pool = sys.modules.get("pool")
+    if pool is not None:
+        pool._close_all()
     # what this run's killed jobs left (tests kill jobs on purpose)
     if not hasattr(session.config, "workerinput"):
         remove_stale_session_dirs()
