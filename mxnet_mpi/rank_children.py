@@ -36,7 +36,7 @@ LAUNCH_NAMES = ("OMPI_UNIVERSE_SIZE", "OMPI_FILE_LOCATION", "OMPI_NUM_APP_CTX",
                 "OMPI_MCA_initial_wdir")
 
 
-def identity(env: MutableMapping) -> str | None:
+def identity(env: Mapping) -> str | None:
     """``<job>:<rank>`` of a process mpirun started with `env`, else None."""
     job, rank = env.get("PMIX_NAMESPACE"), env.get("PMIX_RANK")
     return "%s:%s" % (job, rank) if job and rank is not None else None

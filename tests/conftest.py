@@ -33,9 +33,9 @@ def pytest_sessionstart(session) -> None:
 
 
 def pytest_sessionfinish(session) -> None:
-    # this process's warm rank pools, each with its directory: an xdist
-    # worker ends without running atexit handlers, so pool.py's own left
-    # every pool's directory in /tmp at every run
+    # this process's warm rank pools, each with its directory, closed here
+    # as well as by pool.py's atexit handler: suite runs left pool
+    # directories in /tmp (which exit path skipped the handler is not known)
     pool = sys.modules.get("pool")
     if pool is not None:
         pool._close_all()

@@ -1,9 +1,12 @@
 """The native library's ABI check: a stale or foreign build fails to load with
 a message that names what differs and how to rebuild (not a crash later)."""
 
+import _ctypes
 import json
+import subprocess
+import sys
 
-from mpirun import run_single
+from mpirun import ROOT, mpi_env, run_single
 
 from mxnet_mpi._native import ABI_VERSION
 
@@ -37,11 +40,6 @@ def test_libmpi_setting_naming_another_library_says_so(tmp_path):
     libmpi.so.40 (here Python's _ctypes extension), or one that does not load:
     the error names the setting and what it must name, not 'libmpi.so.40 was
     not found'."""
-    import _ctypes
-    import subprocess
-    import sys
-
-    from mpirun import ROOT, mpi_env
     missing = str(tmp_path / "libmpi.so.40")
     for path, phrase in ((_ctypes.__file__, "was loaded, but it is not Open MPI 5's "
                                             "libmpi.so.40"),

@@ -154,7 +154,6 @@ def test_mismatch_is_an_error_under_naive_engine(naive, mode):
         assert c["after"] == [2.0] * 3, c
 
 
-
 def test_ranks_waiting_for_a_late_peer_sleep():
     """A peer 3 s late (still loading its data) to a store's creation, then to
     a communicator split: the ranks waiting for it sleep (the blocking MPI

@@ -3,6 +3,7 @@ store's creation, then to a communicator split; rank 0 prints the CPU time
 its process took per second of each wait ('WAIT <what> <cpu/wall>')."""
 
 import time
+from typing import Any, Callable
 
 import mxnet as mx
 
@@ -12,7 +13,7 @@ LATE_S = 3.0
 world = mxnet_mpi.world()   # MPI starts on every rank at once
 
 
-def wait(what: str, call) -> None:
+def wait(what: str, call: Callable[[], Any]) -> Any:
     if world.rank == 1:
         time.sleep(LATE_S)
     wall, cpu = time.monotonic(), time.process_time()
