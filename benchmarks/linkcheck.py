@@ -23,10 +23,12 @@ If the TCP stream stays below 85% of the shaped rate, the emulation cannot
 carry the rate and no store figure on that link means anything: the check
 says so.
 
-    sudo .venv/bin/python benchmarks/linkcheck.py --sweep [--rate 1] [--outdir DIR]
+    sudo .venv/bin/python benchmarks/linkcheck.py --sweep [--rate 1,3.8] [--outdir DIR]
 
-compares the candidate Open MPI transport settings one by one (transport.csv;
-docs/across-hosts.md shows it through benchmarks/report.py).
+compares the candidate Open MPI transport settings one by one at each rate:
+the raw allreduce, the MPI round trip, and the default store's allreduce of a
+model's gradients (what the stores move across hosts), each with its CPU time
+(transport.csv; docs/across-hosts.md shows it through benchmarks/report.py).
 """
 
 from __future__ import annotations
@@ -215,6 +217,54 @@ def mpi_probe(nbytes: int, reps: int, out: str) -> None:
 
 
 # ----------------------------------------------------------------- driver
+def store_probe(model: str, reps: int, out: str) -> None:
+    """Under mpirun, one rank per host: the default store's allreduce of
+    `model`'s gradients (gluoncv, every array pushpulled in backprop's order with
+    its priority, as benchmarks/overlap.py's comm-only row does), ms per
+    allreduce of them all and CPU time / wall time."""
+    import mxnet as mx
+    from gluoncv.model_zoo import get_model
+
+    import mxnet_mpi
+
+    net = get_model(model, classes=100)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, 3, 64, 64))).wait_to_read()   # shapes known
+    grads = [mx.nd.ones(p.shape) for p in net.collect_params().values()
+             if p.grad_req != "null"]
+    kv = mx.kv.create("mpi")
+
+    def allreduce() -> None:
+        for i in reversed(range(len(grads))):
+            kv.pushpull("g%d" % i, grads[i], priority=-i)
+        mx.nd.waitall()
+
+    allreduce()   # warm-up (connections, plans)
+    # every array was ones on every rank: a wrong sum fails the run, not a figure
+    wrong = [i for i, g in enumerate(grads) if (g != mxnet_mpi.size()).sum().asscalar()]
+    if wrong:
+        raise SystemExit("store probe: the allreduce of gradient %d is not the sum of the "
+                         "ranks' ones" % wrong[0])
+    kv.pushpull("barrier", mx.nd.zeros((1,)))
+    mx.nd.waitall()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(reps):
+        allreduce()
+    wall = time.perf_counter() - t0
+    cpu = mx.nd.zeros((mxnet_mpi.size(),))
+    cpu[mxnet_mpi.rank()] = (time.process_time() - c0) / wall
+    kv.pushpull("cpu", cpu)
+    cpus = cpu.asnumpy().tolist()
+    if mxnet_mpi.rank() == 0:
+        Path(out).write_text(json.dumps({"store_ms": wall / reps * 1e3,
+                                         "store_cpu_per_wall": sum(cpus) / len(cpus),
+                                         "store_bytes": sum(g.size * 4 for g in grads),
+                                         "arrays": len(grads),
+                                         # the point-to-point route across hosts, or not
+                                         "p2p_bytes": getattr(getattr(kv, "stream", None),
+                                                              "p2p_bytes", None)}))
+
+
 def tcp_check(cluster, rate_gbit: float | None, xbytes: int) -> dict:
     """A plain TCP stream host 0 -> host 1, a 1-byte round trip and an
     exchange of `xbytes` each way."""
@@ -297,20 +347,58 @@ def print_check(row: dict) -> None:
               % (100 * share, 100 * MIN_TCP_SHARE), flush=True)
 
 
+def store_check(cluster, model: str, env: dict, out: Path, reps: int = 3) -> dict:
+    cmd = cluster.mpirun(2, [sys.executable, __file__, "--store-probe", model,
+                             "--reps", str(reps), "--out", str(out)], per_host=1)
+    env = dict(env, OMP_NUM_THREADS="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    subprocess.run(cmd, check=True, env=env, cwd=str(ROOT), timeout=300,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
 # The Open MPI settings that were candidates for mxnet_mpi's transport defaults
-# (mxnet_mpi/transport.py keeps only btl_tcp_links=4; docs/across-hosts.md).
-SWEEP = [("defaults", {}), ("mpi_yield_when_idle=1", {"OMPI_MCA_mpi_yield_when_idle": "1"}),
-         ("btl_tcp_links=4", {"OMPI_MCA_btl_tcp_links": "4"}),
-         ("both", {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_btl_tcp_links": "4"})]
+# (mxnet_mpi/transport.py keeps only btl_tcp_links=4; docs/across-hosts.md): each
+# row's variables on top of Open MPI's defaults. The later rows try one more
+# candidate each on top of btl_tcp_links=4.
+LINKS4 = {"OMPI_MCA_btl_tcp_links": "4"}
+MIB = str(1 << 20)
+SWEEP = [
+    ("defaults", {}),
+    ("mpi_yield_when_idle=1", {"OMPI_MCA_mpi_yield_when_idle": "1"}),
+    ("btl_tcp_links=4", LINKS4),
+    ("both", dict(LINKS4, OMPI_MCA_mpi_yield_when_idle="1")),
+    # socket buffers fixed at 4 MiB (Open MPI's 0 leaves them to Linux's autotuning)
+    ("links=4, btl_tcp_sndbuf=btl_tcp_rcvbuf=4 MiB",
+     dict(LINKS4, OMPI_MCA_btl_tcp_sndbuf=str(4 << 20), OMPI_MCA_btl_tcp_rcvbuf=str(4 << 20))),
+    # fragments of 1 MiB instead of 128 KiB: fewer, larger writes and reads
+    ("links=4, btl_tcp_max_send_size=1 MiB",
+     dict(LINKS4, OMPI_MCA_btl_tcp_max_send_size=MIB,
+          OMPI_MCA_btl_tcp_rdma_pipeline_send_length=MIB)),
+    # messages up to 1 MiB sent eagerly, without a rendezvous round trip
+    ("links=4, btl_tcp_eager_limit=1 MiB",
+     dict(LINKS4, OMPI_MCA_btl_tcp_eager_limit=MIB, OMPI_MCA_btl_tcp_rndv_eager_limit=MIB,
+          OMPI_MCA_btl_tcp_max_send_size=MIB)),
+    # Open MPI's ring allreduce instead of its decision rules (raw MPI only: the
+    # stores move allreduces across hosts with their own point-to-point messages)
+    ("links=4, ring allreduce",
+     dict(LINKS4, OMPI_MCA_coll_tuned_use_dynamic_rules="1",
+          OMPI_MCA_coll_tuned_allreduce_algorithm="4")),
+]
 SWEEP_COLUMNS = ["settings", "link_gbit", "grad_MB", "wire_ms", "allreduce_ms", "vs_wire",
-                 "cpu_per_wall", "half_rtt_us", "half_rtt_busy_us", "rounds"]
+                 "cpu_per_wall", "half_rtt_us", "half_rtt_busy_us", "store_ms", "store_vs_wire",
+                 "store_cpu_per_wall", "rounds"]
 
 
-def sweep(rate_gbit: float, grad_bytes: int, rounds: int, outdir: Path) -> list:
-    """Each candidate setting alone, Open MPI's defaults otherwise, between two
-    emulated hosts at `rate_gbit`: the raw allreduce against the wire time and
-    the MPI round trip, quiet and beside a busy process. Rounds alternate the
-    settings; each figure is the median over rounds. Writes transport.csv."""
+def sweep(rates_gbit: list, grad_bytes: int, rounds: int, outdir: Path,
+          model: str = "resnet18_v1", reps: int = 3) -> list:
+    """Each candidate setting (SWEEP), between two emulated hosts at each of
+    `rates_gbit`: the raw allreduce of `grad_bytes` against the wire time, the
+    MPI round trip, quiet and beside a busy process, and the default store's
+    allreduce of `model`'s gradients (what a store moves across hosts), each
+    with its CPU time / wall time. Rounds alternate the settings; each figure
+    is the median over rounds; each round's figure is the mean of `reps`
+    allreduces. Writes transport.csv."""
     import csv
 
     sys.path.insert(0, str(ROOT))
@@ -324,45 +412,68 @@ def sweep(rate_gbit: float, grad_bytes: int, rounds: int, outdir: Path) -> list:
     if why:
         raise SystemExit("benchmarks/linkcheck.py: no netns cluster here: " + why)
     outdir.mkdir(parents=True, exist_ok=True)
-    runs: dict = {name: [] for name, _ in SWEEP}
+    probe = outdir / "sweep.json"
+    rows = []
     with netns.NetnsCluster(2, cpus=netns.own_cores(2)) as cluster:
-        for h in range(cluster.n):
-            cluster.shape(h, rate_gbit=rate_gbit)
         base = cluster.env()
         for name in transport.DEFAULTS:
             base.pop(name, None)
         base["MXNET_MPI_TRANSPORT_DEFAULTS"] = "0"
-        for r in range(rounds):
-            for name, extra in SWEEP:
-                got = mpi_check(cluster, grad_bytes, dict(base, **extra), outdir / "sweep.json")
-                runs[name].append(got)
-                print("round %d %-22s allreduce %.0f ms, half round trip %.0f / %.0f us busy"
-                      % (r + 1, name, got["allreduce_ms"], got["half_rtt_us"],
-                         got["half_rtt_busy_us"]), flush=True)
+        for rate in rates_gbit:
+            for h in range(cluster.n):
+                cluster.shape(h, rate_gbit=rate)
+            runs: dict = {name: [] for name, _ in SWEEP}
+            for r in range(rounds):
+                for name, extra in SWEEP:
+                    env = dict(base, **extra)
+                    got = mpi_check(cluster, grad_bytes, env, probe, reps)
+                    got.update(store_check(cluster, model, env, probe, reps))
+                    if not got["p2p_bytes"]:
+                        raise SystemExit("the store did not take its point-to-point route "
+                                         "across hosts (p2p_bytes %r): its row would measure "
+                                         "MPI's allreduce" % got["p2p_bytes"])
+                    runs[name].append(got)
+                    print("%g Gbit/s round %d %-46s allreduce %.0f ms (store %.0f ms, CPU/wall "
+                          "%.2f), half round trip %.0f / %.0f us busy"
+                          % (rate, r + 1, name, got["allreduce_ms"], got["store_ms"],
+                             got["store_cpu_per_wall"], got["half_rtt_us"],
+                             got["half_rtt_busy_us"]), flush=True)
+            wire = wire_ms(grad_bytes, rate)
+            for name, _ in SWEEP:
+                got = runs[name]
+                med = {k: statistics.median(g[k] for g in got) for k in got[0]
+                       if isinstance(got[0][k], (int, float))}
+                rows.append({"settings": name, "link_gbit": rate, "grad_MB": grad_bytes / 2**20,
+                             "wire_ms": wire, "allreduce_ms": med["allreduce_ms"],
+                             "vs_wire": med["allreduce_ms"] / wire,
+                             "cpu_per_wall": med["cpu_per_wall"],
+                             "half_rtt_us": med["half_rtt_us"],
+                             "half_rtt_busy_us": med["half_rtt_busy_us"],
+                             "store_ms": med["store_ms"],
+                             # the store's bytes are the model's gradients
+                             "store_vs_wire": med["store_ms"] / wire_ms(med["store_bytes"], rate),
+                             "store_cpu_per_wall": med["store_cpu_per_wall"],
+                             "rounds": rounds})
+            arrays = runs[SWEEP[0][0]][0]["arrays"]
         binding = cluster.binding()
-    (outdir / "sweep.json").unlink(missing_ok=True)
-    wire = wire_ms(grad_bytes, rate_gbit)
-    rows = []
-    for name, _ in SWEEP:
-        med = {k: statistics.median(g[k] for g in runs[name]) for k in runs[name][0]}
-        rows.append({"settings": name, "link_gbit": rate_gbit, "grad_MB": grad_bytes / 2**20,
-                     "wire_ms": wire, "allreduce_ms": med["allreduce_ms"],
-                     "vs_wire": med["allreduce_ms"] / wire, "cpu_per_wall": med["cpu_per_wall"],
-                     "half_rtt_us": med["half_rtt_us"],
-                     "half_rtt_busy_us": med["half_rtt_busy_us"], "rounds": rounds})
+    probe.unlink(missing_ok=True)
     path = outdir / "transport.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, SWEEP_COLUMNS)
         w.writeheader()
         for row in rows:
             w.writerow({k: ("%.4g" % v if isinstance(v, float) else v) for k, v in row.items()})
-    write_meta(path, binding=binding, what="raw mpi4py allreduce of %.1f MB and MPI round trips "
-               "between two emulated hosts at %g Gbit/s, per Open MPI setting"
-               % (grad_bytes / 2**20, rate_gbit))
+    write_meta(path, binding=binding, what="raw mpi4py allreduce of %.1f MB, MPI round trips "
+               "and the default store's allreduce of %s's gradients between two emulated "
+               "hosts at %s Gbit/s, per Open MPI setting"
+               % (grad_bytes / 2**20, model, ", ".join("%g" % r for r in rates_gbit)),
+               model=model, arrays=arrays)
     for row in rows:
-        print("%-22s %.2fx wire  CPU/wall %.2f  half round trip %.0f us, %.0f us beside a busy "
-              "process" % (row["settings"], row["vs_wire"], row["cpu_per_wall"],
-                           row["half_rtt_us"], row["half_rtt_busy_us"]))
+        print("%g Gbit/s %-46s raw %.2fx wire, CPU/wall %.2f; store %.2fx wire, CPU/wall %.2f; "
+              "half round trip %.0f us, %.0f us beside a busy process"
+              % (row["link_gbit"], row["settings"], row["vs_wire"], row["cpu_per_wall"],
+                 row["store_vs_wire"], row["store_cpu_per_wall"], row["half_rtt_us"],
+                 row["half_rtt_busy_us"]))
     print("wrote %s" % path)
     return rows
 
@@ -372,7 +483,10 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true",
                     help="compare the candidate Open MPI transport settings (needs root); "
                          "writes transport.csv to --outdir")
-    ap.add_argument("--rate", type=float, default=1.0, help="--sweep: link rate in Gbit/s")
+    ap.add_argument("--rate", default="1",
+                    help="--sweep: link rates in Gbit/s, comma-separated (default 1)")
+    ap.add_argument("--model", default="resnet18_v1",
+                    help="--sweep: the model whose gradients the store's rows move")
     ap.add_argument("--grad-mb", type=float, default=42.8,
                     help="--sweep: allreduce size in MB (resnet18_v1's gradients: 42.8)")
     ap.add_argument("--rounds", type=int, default=3, help="--sweep: alternating rounds")
@@ -380,7 +494,9 @@ def main() -> None:
     ap.add_argument("--serve", type=int)
     ap.add_argument("--client", nargs=5)
     ap.add_argument("--mpi-probe", type=int)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--store-probe")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="allreduces timed per round (--sweep) or per probe")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.serve:
@@ -389,8 +505,11 @@ def main() -> None:
         client(a.client[0], *(int(v) for v in a.client[1:]))
     elif a.mpi_probe:
         mpi_probe(a.mpi_probe, a.reps, a.out)
+    elif a.store_probe:
+        store_probe(a.store_probe, a.reps, a.out)
     elif a.sweep:
-        sweep(a.rate, int(a.grad_mb * 2**20) // 4 * 4, a.rounds, Path(a.outdir))
+        sweep([float(r) for r in a.rate.split(",")], int(a.grad_mb * 2**20) // 4 * 4,
+              a.rounds, Path(a.outdir), a.model, a.reps)
     else:
         ap.error("--sweep, or run by benchmarks/cluster.py")
 

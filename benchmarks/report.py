@@ -1154,29 +1154,72 @@ def startup_table(ctx: Ctx) -> tuple | None:
     return "\n".join(out), p
 
 
+def transport_label(name: str) -> str:
+    """A sweep row's settings as the docs show them."""
+    if name == "defaults":
+        return "Open MPI's defaults"
+    if name == "both":
+        return "`mpi_yield_when_idle=1`, `btl_tcp_links=4`"
+    parts = ["btl_tcp_links=4" if part == "links=4" else part for part in name.split(", ")]
+    return ", ".join("`%s`" % part if "=" in part else part for part in parts)
+
+
 def transport_table(ctx: Ctx) -> tuple | None:
-    """benchmarks/linkcheck.py --sweep: each candidate Open MPI setting alone."""
+    """benchmarks/linkcheck.py --sweep: each candidate Open MPI setting, per link rate."""
     p = ctx.csv("transport-netns/transport.csv")
     if p is None:
         return None
     rows = read_csv(p, {"settings": "str", "link_gbit": "num", "grad_MB": "num",
                         "wire_ms": "num", "allreduce_ms": "num", "vs_wire": "num",
                         "cpu_per_wall": "num", "half_rtt_us": "num", "half_rtt_busy_us": "num",
+                        "store_ms": "num", "store_vs_wire": "num", "store_cpu_per_wall": "num",
                         "rounds": "int"})
     meta = read_meta(p)
     first = rows[0]
-    label = {"defaults": "Open MPI's defaults", "both": "both of the above"}
-    body = [[label.get(r["settings"], "`%s`" % r["settings"]),
-             "%.0f ms" % r["allreduce_ms"], x2(r["vs_wire"]), "%.2f" % r["cpu_per_wall"],
-             "%s / %s" % (us(r["half_rtt_us"]), us(r["half_rtt_busy_us"]))] for r in rows]
-    out = ["Raw mpi4py allreduce of %.1f MB between two emulated hosts at %g Gbit/s (wire "
-           "time %.0f ms), each setting alone, median of %d alternating rounds. %s"
-           % (first["grad_MB"], first["link_gbit"], first["wire_ms"], first["rounds"],
-              measured(meta)), "",
-           table(["Open MPI settings", "allreduce", "vs wire", "CPU / wall",
-                  "MPI half round trip, quiet / beside a busy process"], body, {1, 2, 3}),
-           "", files_line(ctx, p)]
+    out = ["Between two emulated hosts, each with a core of its own: a raw mpi4py allreduce "
+           "of %.1f MB, the default store's allreduce of a model's gradients (the same bytes "
+           "in %s; across hosts the store moves them with its own point-to-point messages) "
+           "and an MPI round trip, per Open MPI setting on top of Open MPI's defaults, median "
+           "of %d alternating rounds. *vs wire* is the time over the ring's wire time. %s"
+           % (first["grad_MB"], "%s's %s arrays" % (meta["model"], meta["arrays"])
+              if "model" in meta else "its arrays", first["rounds"], measured(meta)), ""]
+    for rate in dict.fromkeys(r["link_gbit"] for r in rows):
+        here = [r for r in rows if r["link_gbit"] == rate]
+        body = [[transport_label(r["settings"]),
+                 "%.0f ms" % r["allreduce_ms"], x2(r["vs_wire"]), "%.2f" % r["cpu_per_wall"],
+                 "%.0f ms" % r["store_ms"], x2(r["store_vs_wire"]),
+                 "%.2f" % r["store_cpu_per_wall"],
+                 "%s / %s" % (us(r["half_rtt_us"]), us(r["half_rtt_busy_us"]))] for r in here]
+        out += ["At %g Gbit/s (wire time %.0f ms):" % (rate, here[0]["wire_ms"]), "",
+                table(["Open MPI settings", "raw allreduce", "vs wire", "CPU / wall",
+                       "store's allreduce", "vs wire", "CPU / wall",
+                       "MPI half round trip, quiet / beside a busy process"], body,
+                      {1, 2, 3, 4, 5, 6}), ""]
+    out.append(transport_reading(rows))
+    out += ["", files_line(ctx, p)]
     return "\n".join(out), p
+
+
+def transport_reading(rows: list) -> str:
+    """What the candidates tried on top of btl_tcp_links=4 did to the store's
+    allreduce, per rate, against btl_tcp_links=4 alone."""
+    parts = []
+    for rate in dict.fromkeys(r["link_gbit"] for r in rows):
+        here = [r for r in rows if r["link_gbit"] == rate]
+        alone = [r for r in here if r["settings"] == "btl_tcp_links=4"]
+        more = [r for r in here if r["settings"].startswith("links=4, ")]
+        if not alone or not more:
+            continue
+        parts.append("at %g Gbit/s %s the wire time at %s of a core (`btl_tcp_links=4` alone: "
+                     "%s at %.2f)" % (rate, span([r["store_vs_wire"] for r in more], x2),
+                                      span([r["store_cpu_per_wall"] for r in more],
+                                           lambda v: "%.2f" % v),
+                                      x2(alone[0]["store_vs_wire"]),
+                                      alone[0]["store_cpu_per_wall"]))
+    if not parts:
+        return ""
+    return ("With each of the other candidates added to `btl_tcp_links=4`, the store's "
+            "allreduce took %s." % "; ".join(parts))
 
 
 def startup_mpi_table(ctx: Ctx) -> tuple | None:

@@ -55,7 +55,11 @@ std::string RunUnit(MPI_Comm comm, Unit* u, Scratch* scratch, const Transfer& t)
 
 // Waits for `n` non-blocking requests without holding a core: tests, then
 // sleeps between tests (10 us, doubling up to 200 us), so that a wait on the
-// network leaves the core to compute.
+// network leaves the core to compute. Longer naps idle the link for little
+// CPU: capped at 1 ms, the default store's allreduce of resnet18_v1's
+// gradients between two emulated hosts took 1.22x the wire time instead of
+// 1.13x at 1 Gbit/s (15-19% less CPU time), 1.45x instead of 1.23x at
+// 3.8 Gbit/s (no less CPU time).
 int WaitAllSleeping(int n, MPI_Request* reqs);
 
 // Makes the calling thread's sleeps end on time (timer slack 1 us instead of

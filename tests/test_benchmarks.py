@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 
-from mpirun import ROOT, mpi_env
+from mpirun import MPIRUN, ROOT, mpi_env
 
 QUICK_SIZES = {4 << 10, 64 << 10, 1 << 20}
 
@@ -93,3 +93,34 @@ def test_steady_step_is_the_median_gap_between_ends_of_backward_within_each_run(
                "baseline": [(9_000_000, 9_000_500)]}
     got = steady_steps(collectives(str(trace)), windows)
     assert got == {"funneled": 0.1}   # median of 0.1, 0.1, 0.3 s; one probe: none
+
+
+def test_linkcheck_store_probe_and_transport_reading(tmp_path):
+    """linkcheck's store probe (the transport sweep's store rows) on one host:
+    the default store's allreduce of a model's gradients, checked, timed, with
+    both ranks' CPU/wall; the report's reading of a sweep names the spread of
+    the candidates added to btl_tcp_links=4 against that setting alone."""
+    out = tmp_path / "store.json"
+    proc = subprocess.run([MPIRUN, "-np", "2", "--oversubscribe", sys.executable,
+                           str(ROOT / "benchmarks" / "linkcheck.py"), "--store-probe",
+                           "mobilenet0.25", "--reps", "2", "--out", str(out)],
+                          env=mpi_env(), cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    got = json.loads(out.read_text())
+    assert got["store_ms"] > 0 and 0 < got["store_cpu_per_wall"] < 2.5
+    assert got["arrays"] > 50 and got["store_bytes"] > 500_000
+    assert got["p2p_bytes"] == 0   # one host: MPI's own allreduce over shared memory
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import report
+    rows = [{"settings": s, "link_gbit": 2.0, "store_vs_wire": v, "store_cpu_per_wall": c}
+            for s, v, c in [("defaults", 1.5, 0.3), ("btl_tcp_links=4", 1.2, 0.25),
+                            ("links=4, btl_tcp_eager_limit=1 MiB", 1.3, 0.2),
+                            ("links=4, ring allreduce", 1.1, 0.4)]]
+    assert report.transport_reading(rows) == (
+        "With each of the other candidates added to `btl_tcp_links=4`, the store's allreduce "
+        "took at 2 Gbit/s 1.10x-1.30x the wire time at 0.20-0.40 of a core "
+        "(`btl_tcp_links=4` alone: 1.20x at 0.25).")
+    assert report.transport_label("links=4, btl_tcp_eager_limit=1 MiB") == (
+        "`btl_tcp_links=4`, `btl_tcp_eager_limit=1 MiB`")
