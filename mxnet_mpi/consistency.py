@@ -30,8 +30,8 @@ from mxnet.base import _LIB, check_call
 from . import settings, weight_writes
 from .collectives import RankTable
 from .errors import MPIKVStoreError
-from .joining import broadcast_from, module_arrays
-from .module_states import counts_by_index
+from .joining import broadcast_from, broadcast_states, module_arrays
+from .module_states import ModuleStates, counts_by_index
 
 EVERY_ENV = "MXNET_MPI_CONSISTENCY_EVERY"
 ACTION_ENV = "MXNET_MPI_CONSISTENCY_ACTION"
@@ -115,6 +115,18 @@ def _module_arrays(module) -> dict:
     return module_arrays(module)
 
 
+def _updater_of(target):
+    """What holds the optimizer states that go with `target`'s weights on
+    this rank: a Trainer that updates locally, a Module's updater (as
+    join() copies them), or None (plain parameters, or updates on servers)."""
+    if isinstance(target, mx.gluon.Trainer):
+        return None if target._update_on_kvstore else target
+    module = getattr(target, "_curr_module", target)
+    if isinstance(module, mx.module.BaseModule) and getattr(module, "_updater", None) is not None:
+        return ModuleStates(module)
+    return None
+
+
 def _store_of(target, store):
     if store is not None:
         return store
@@ -139,12 +151,15 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
     every rank must call it. Returns the names of the parameters that differ (the same
     list on every rank). `action` (default $MXNET_MPI_CONSISTENCY_ACTION or
     'warn'): 'warn' names the first differing parameter and its ranks;
-    'broadcast' also copies rank 0's values of every parameter to every rank;
-    'raise' raises MPIKVStoreError."""
+    'broadcast' also copies rank 0's values of every parameter to every rank,
+    and for a Trainer or Module its optimizer states too (momentum, the
+    float32 master copies of multi-precision weights: without them the next
+    update would take the ranks apart again); 'raise' raises MPIKVStoreError."""
     action = default_action() if action is None else action
     if action not in ACTIONS:
         raise MPIKVStoreError("action must be one of %s, got %r" % (", ".join(ACTIONS), action))
     kv = _store_of(getattr(target, "_curr_module", target), store)
+    updater = _updater_of(target)
     if isinstance(target, mx.module.BaseModule):
         target = _module_arrays(target)
     named = _named_arrays(target)
@@ -168,8 +183,11 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
     if action == "broadcast":
         params = target._params if isinstance(target, mx.gluon.Trainer) else target
         broadcast_from(kv, 0, params, why="consistency check", workers=True)
+        if updater is not None:
+            broadcast_states(kv, 0, updater, why="consistency check", workers=True)
         mx.nd.waitall()
-        text += "; copied rank 0's weights to every rank"
+        text += "; copied rank 0's weights%s to every rank" % (
+            " and optimizer states" if updater is not None else "")
     global _warned
     _warned += 1
     # numbered: Python's default filter shows a warning text once per place,
@@ -273,9 +291,9 @@ def check_after_writes(weights: list, optimizer, updater,
     if any(labels[j].startswith("the optimizer") for j in bad):
         # a broadcast of the weights (the usual `fix`) leaves the states apart
         remedy = states_fix or (": load the same files on every rank (Trainer.load_states, "
-                                "Module.load_optimizer_states; "
-                                "check_consistency(action='broadcast') copies weights, not "
-                                "optimizer states)")
+                                "Module.load_optimizer_states), or "
+                                "check_consistency(trainer or module, action='broadcast'), "
+                                "which copies rank 0's weights and optimizer states")
     else:
         remedy = " (load the same files on every rank), or %s" % fix
     raise MPIKVStoreError(

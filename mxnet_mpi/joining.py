@@ -107,19 +107,22 @@ def _updaters(updater) -> list:
                           "%s" % type(updater).__name__)
 
 
-def broadcast_states(store, root: int, updater) -> None:
-    """Copy the optimizer states (and the optimizer's counters) from rank `root`."""
+def broadcast_states(store, root: int, updater, why: str = "join",
+                     workers: bool = False) -> None:
+    """Copy the optimizer states (and the optimizer's counters) from rank `root`
+    (with `workers`, to every worker: the whole world for a hybrid store)."""
     ups = _updaters(updater)
     if not ups:
         return
-    blob = ups[0].get_states(dump_optimizer=True) if store.rank == root else b""
+    mine = (store._workers_stream().comm.rank if workers else store.rank) == root
+    blob = ups[0].get_states(dump_optimizer=True) if mine else b""
     size = mx.nd.array([len(blob)], dtype="int64")
-    _internal(store, _native.BROADCAST, size, "join: optimizer state size", root=root)
+    _internal(store, _native.BROADCAST, size, why + ": optimizer state size", root, workers)
     n = int(size.asscalar())
-    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if store.rank == root
+    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if mine
                       else np.zeros(n, dtype=np.uint8), dtype="uint8")
-    _internal(store, _native.BROADCAST, buf, "join: optimizer states", root=root)
-    if store.rank == root:
+    _internal(store, _native.BROADCAST, buf, why + ": optimizer states", root, workers)
+    if mine:
         return
     states = buf.asnumpy().tobytes()
     for up in ups:  # as Trainer.load_states does: one optimizer shared by all

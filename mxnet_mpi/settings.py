@@ -186,8 +186,9 @@ TABLE: tuple = (
             maximum=1 << 62),
     Setting("MXNET_MPI_CONSISTENCY_ACTION", "choice", "warn",
             "on a difference: `warn` (names the first differing parameter, with its key for a "
-            "Trainer, and the ranks), `broadcast` (also copies rank 0's weights everywhere) or "
-            "`raise`", choices=("warn", "broadcast", "raise")),
+            "Trainer, and the ranks), `broadcast` (also copies rank 0's weights everywhere, and a "
+            "Trainer's or Module's optimizer states) or `raise`",
+            choices=("warn", "broadcast", "raise")),
     Setting("MXNET_MPI_TIMELINE", "str", None,
             "write a Chrome trace of all collectives per rank to this file "
             "(`trace.json` -> `trace.rank<r>.json`)", default_doc="unset"),

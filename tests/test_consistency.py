@@ -1,5 +1,6 @@
 """Weight consistency check across real ranks: a 1-ulp difference on one rank is
-found and named, 'raise' raises, 'broadcast' restores bit-identical weights,
+found and named, 'raise' raises, 'broadcast' restores bit-identical weights
+and optimizer states,
 the periodic setting runs it from Trainer.step and Module.update and leaves out
 a rank that joined, off it issues nothing, hybrid stores compare every rank,
 and bad settings are named errors."""
@@ -35,6 +36,16 @@ def test_periodic_check_from_trainer_step_rebroadcasts():
     proc = run_pooled("consistency.py", 2, "funneled", "periodic", env=env, timeout=120)
     assert [r for r in results(proc.stdout)] == [{"warned": "True", "fixed": "True"}] * 2, \
         proc.stdout
+
+
+def test_broadcast_copies_optimizer_states_so_ranks_stay_alike():
+    """Rank 1's momentum, or its float32 master copy of float16 weights, moved:
+    the broadcast action copied rank 0's weights only, and the next update
+    took them apart again (the master copy makes the next weights)."""
+    proc = run_pooled("consistency.py", 2, "funneled", "states", timeout=120)
+    want = {"%s_%s" % (d, k): "True" for d in ("float32", "float16")
+            for k in ("found", "said", "alike")}
+    assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

@@ -4,6 +4,8 @@
     api        check_consistency() with each action after rank 1's weight moved 1 ulp
     periodic   MXNET_MPI_CONSISTENCY_EVERY=2 (set by the test), action broadcast
     off        no setting: no extra collective is issued
+    states     rank 1's momentum (float32) or float32 master copy (float16, multi_precision)
+               moves; check_consistency(action='broadcast') makes the ranks alike for good
     joined     MXNET_MPI_CONSISTENCY_EVERY=1 and action raise (set by the test): the
                last rank runs out of data and joins; the checks of the others' later
                steps leave the joined rank out (it adds zeros to every sum) and, with
@@ -136,6 +138,62 @@ elif scenario == "joined":
     print("RESULT %d error=%s differ=%s same=%s"
           % (R, error is not None, named.group(1).replace(" ", "") if named else None,
              same_everywhere()), flush=True)
+elif scenario == "states":
+    # Rank 1's optimizer state moves (its momentum; its float32 master copy of
+    # float16 weights), the next step takes its weights apart, and the check's
+    # broadcast must make the ranks alike for good: with rank 0's weights
+    # alone, the next update took them apart again.
+    class Linear(gluon.HybridBlock):
+        """A weight of `dtype` used in float32 (MXNet's CPU FullyConnected has
+        no float16)."""
+
+        def __init__(self, units: int, in_units: int, dtype: str) -> None:
+            super().__init__()
+            with self.name_scope():
+                self.weight = self.params.get("weight", shape=(units, in_units), dtype=dtype,
+                                              init=mx.init.Xavier())
+
+        def hybrid_forward(self, F, x, weight):
+            return F.dot(x, F.cast(weight, "float32"), transpose_b=True)
+
+    out = []
+    for dtype in ("float32", "float16"):
+        net2 = gluon.nn.HybridSequential()
+        net2.add(Linear(4, 3, dtype), Linear(2, 4, dtype))
+        net2.initialize()
+        tr = gluon.Trainer(net2.collect_params(), "sgd",
+                           {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01,
+                            "multi_precision": True}, kvstore="mpi_" + mode)
+        x2 = mx.nd.array(np.full((2, 3), R + 1.0))
+
+        def step2(net2=net2, x2=x2, tr=tr) -> None:
+            with autograd.record():
+                loss = net2(x2).sum()
+            loss.backward()
+            tr.step(2)
+            mx.nd.waitall()
+
+        def alike(tr=tr) -> bool:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return check_consistency(tr, action="warn") == []
+
+        step2()
+        if R == 1:
+            state = tr._updaters[0].states[tr._param2idx[net2[1].weight.name]]
+            moved = state[1] if dtype == "float16" else state   # SGD: (momentum, master)
+            moved[:] += 0.05
+        step2()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = check_consistency(tr, action="broadcast")
+        said = any("weights and optimizer states to every rank" in str(w.message)
+                   for w in caught)
+        step2()
+        step2()
+        out.append("%s_found=%s %s_said=%s %s_alike=%s"
+                   % (dtype, found == [net2[1].weight.name], dtype, said, dtype, alike()))
+    print("RESULT %d %s" % (R, " ".join(out)), flush=True)
 elif scenario == "off":
     kv = trainer._kvstore
     issued = kv.stream.info()[0]
