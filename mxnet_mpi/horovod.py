@@ -492,7 +492,9 @@ def split_list(l, n: int) -> list:  # noqa: E741  (Horovod's parameter names)
 def _write_timeline() -> None:
     me = rank()
     path = _state.timeline_path
-    timeline.write(path if me == 0 else timeline.rank_path(path, me), me)
+    # Horovod's file for rank 0, the others beside it (and every rank's in a directory)
+    own = me == 0 and not timeline.names_directory(path)
+    timeline.write(path if own else timeline.rank_path(path, me), me)
 
 
 def _timeline_at_exit() -> None:
@@ -502,8 +504,9 @@ def _timeline_at_exit() -> None:
 
 def start_timeline(file_path, mark_cycles: bool = False) -> None:
     """Record every collective of this process from now on: rank 0 writes
-    `file_path`, rank r > 0 ``<stem>.rank<r>.<suffix>`` beside it, at
-    stop_timeline() (or at exit). Starting again switches files."""
+    `file_path`, rank r > 0 ``<stem>.rank<r>.<suffix>`` beside it (a
+    directory: each rank ``trace.rank<r>.json`` in it), at stop_timeline() (or
+    at exit). Starting again switches files."""
     _require_init()
     if timeline.requested():
         raise ValueError("the timeline already records for %s=%s (from MPI initialisation to "

@@ -191,7 +191,8 @@ TABLE: tuple = (
             choices=("warn", "broadcast", "raise")),
     Setting("MXNET_MPI_TIMELINE", "str", None,
             "write a Chrome trace of all collectives per rank to this file "
-            "(`trace.json` -> `trace.rank<r>.json`)", default_doc="unset"),
+            "(`trace.json` -> `trace.rank<r>.json`; a directory, existing or ending in `/`: "
+            "`trace.rank<r>.json` in it)", default_doc="unset"),
     Setting("MXNET_MPI_GROUP_SIZE", "int", None,
             "hybrid stores: ranks per MPI group", minimum=1, default_doc="ranks per host",
             maximum=1 << 30),

@@ -11,6 +11,7 @@ can put both traces on one time axis. ``start``/``stop`` record at run time
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from . import settings
@@ -19,10 +20,18 @@ from ._native import LIB, check
 ENV_VAR = "MXNET_MPI_TIMELINE"
 
 
+def names_directory(path: str) -> bool:
+    """Whether `path` means a directory: an existing one, or one ending in '/'."""
+    return path.endswith(("/", os.sep)) or os.path.isdir(path)
+
+
 def rank_path(path: str, rank: int) -> str:
-    """``trace.json`` -> ``trace.rank3.json`` (or fills a ``{rank}`` field)."""
+    """``trace.json`` -> ``trace.rank3.json`` (or fills a ``{rank}`` field); a
+    directory (names_directory) -> ``<dir>/trace.rank3.json``."""
     if "{rank}" in path:
         return path.format(rank=rank)
+    if names_directory(path):
+        return os.path.join(path, "trace.rank%d.json" % rank)
     p = Path(path)
     return str(p.with_name("%s.rank%d%s" % (p.stem, rank, p.suffix or ".json")))
 

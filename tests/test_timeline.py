@@ -83,3 +83,12 @@ def test_fusion_off_moves_every_allreduce_alone(tmp_path):
             assert len(mine) == 40, (mode, fusion, len(mine))
             starts[fusion] = len({e["args"]["start_us"] for e in mine})
         assert starts["0"] == 40, (mode, starts)
+
+
+def test_rank_path_of_a_file_a_pattern_and_a_directory(tmp_path):
+    """A directory (existing, or a path ending in '/') gets one file per rank
+    inside it; it used to give '<dir>.rank0.json' beside it."""
+    assert rank_path("/x/trace.json", 3) == "/x/trace.rank3.json"
+    assert rank_path("/x/t-{rank}.json", 3) == "/x/t-3.json"
+    assert rank_path("/x/traces/", 1) == "/x/traces/trace.rank1.json"
+    assert rank_path(str(tmp_path), 0) == str(tmp_path / "trace.rank0.json")
