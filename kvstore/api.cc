@@ -42,7 +42,7 @@
 #define MXMPI_MXNET_VERSION_STR "unknown"
 #endif
 // Bump when a C entry point changes its arguments or their meaning.
-constexpr int kAbiVersion = 10;
+constexpr int kAbiVersion = 11;
 
 namespace mxnet_mpi {
 namespace {
@@ -455,7 +455,8 @@ MXMPI_API const char* mxmpi_mpi_library() {
 // with the store settings given (as mxmpi_store_create takes them).
 MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes,
                          int64_t chunk_bytes, int large_lanes, int cycle_us,
-                         int64_t preempt_bytes, int* provided,
+                         int64_t preempt_bytes, int64_t p2p_one_host,
+                         int64_t p2p_across_hosts, int* provided,
                          int* rank, int* size, int* local_rank, int* local_size) {
   if (g_forked) return Fail(kForked);
   if (g_owner.running()) return Fail("mxnet_mpi: already initialised");
@@ -545,8 +546,12 @@ MXMPI_API int mxmpi_init(int required, int64_t fusion_bytes, int64_t small_bytes
     }
   });
   if (!err.empty()) return Fail(err);
+  // The free functions' store: its allreduces take the point-to-point route
+  // where the world spans hosts (a host holds only some of the ranks: the
+  // same answer on every rank), as a store's over the world would.
+  const int64_t p2p = *local_size < *size ? p2p_across_hosts : p2p_one_host;
   CreateStore(ExecKind::kChained, MPI_COMM_WORLD, "mxnet_mpi (free functions)",
-              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, 0, large_lanes, cycle_us,
+              MakeOptions(fusion_bytes, small_bytes, chunk_bytes, p2p, large_lanes, cycle_us,
                           preempt_bytes),
               &err);
   return err.empty() ? 0 : Fail(err);

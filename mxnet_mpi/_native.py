@@ -21,7 +21,7 @@ from mxnet.base import NDArrayHandle
 from . import settings
 
 # Bump with kAbiVersion (kvstore/api.cc) when a C entry point changes.
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 # collective kinds (kvstore/request.h OpKind)
 ALLREDUCE = 0
@@ -228,7 +228,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_last_error.restype = ctypes.c_char_p
     i, d, i64 = ctypes.c_int, ctypes.c_double, ctypes.c_int64
     pi, pi64 = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64)
-    lib.mxmpi_init.argtypes = [i, i64, i64, i64, i, i, i64, pi, pi, pi, pi, pi]
+    lib.mxmpi_init.argtypes = [i, i64, i64, i64, i, i, i64, i64, i64, pi, pi, pi, pi, pi]
     lib.mxmpi_announce_finish.argtypes = []
     lib.mxmpi_finalize.argtypes = []
     lib.mxmpi_python_exit.argtypes = []

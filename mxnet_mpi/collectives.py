@@ -29,7 +29,14 @@ from . import _native, settings
 from ._native import LIB, CallDesc
 from .errors import MPIKVStoreError
 from .peer_wait import waiting_for_peers
-from .world import Communicator, init, on_comm_free, require_usable
+from .world import (
+    Communicator,
+    free_functions_p2p_bytes,
+    init,
+    local_size,
+    on_comm_free,
+    require_usable,
+)
 
 # numpy dtype -> MXNet dtype code (mshadow TypeFlag)
 DTYPE_CODES = {
@@ -164,6 +171,7 @@ class Stream:
         self._failed_ref = ctypes.byref(self._failed)
         if store_id is not None:
             self.id = store_id
+            self.p2p_bytes = int(options.get("p2p_bytes", 0))
             return
         _creators.note(name=name)
         out = ctypes.c_int()
@@ -277,20 +285,43 @@ _streams: dict = {}
 _streams_lock = threading.Lock()
 
 
+def spans_hosts(comm: Communicator) -> bool:
+    """Whether `comm` has members on more than one host; collective over `comm`
+    unless the whole world is on this host. Every member must get the same
+    answer (it picks the allreduce's route): a group of one rank on a host
+    with three and one alone on another spans hosts for both, which this
+    host's share of the world alone cannot tell."""
+    if init().size == local_size() or comm.size == 1:
+        return False
+    return comm.spans_hosts()
+
+
+def p2p_bytes(comm: Communicator) -> int:
+    """The point-to-point threshold of a store over `comm` (settings.p2p_thresholds:
+    MXNET_MPI_P2P_BYTES if set, else the stores' own allreduce across hosts and
+    MPI's on one host). Collective over `comm`."""
+    spans = spans_hosts(comm)   # collective: before anything a rank may see differently
+    one_host, across_hosts = settings.p2p_thresholds()
+    return across_hosts if spans else one_host
+
+
 def stream_for(comm: Communicator | None) -> Stream:
     """The chained stream of the free functions over `comm` (default: world).
-    Created at the communicator's first use (collective over it)."""
+    Created at the communicator's first use (collective over it). Across
+    hosts their allreduces take the point-to-point route, as a store's do."""
     world = init()
     comm = comm or world
     with _streams_lock:
         stream = _streams.get(comm.id)
         if stream is None:
             if comm.id == world.id:
+                # created as MPI started, with world.free_functions_p2p_bytes()
                 stream = Stream(_native.EXEC_CHAINED, comm, "mxnet_mpi (free functions)",
-                                store_id=_native.DEFAULT_STORE)
+                                store_id=_native.DEFAULT_STORE,
+                                p2p_bytes=free_functions_p2p_bytes())
             else:
                 stream = Stream(_native.EXEC_CHAINED, comm, "mxnet_mpi (communicator %d)"
-                                % comm.id)
+                                % comm.id, p2p_bytes=p2p_bytes(comm))
             _streams[comm.id] = stream
         return stream
 

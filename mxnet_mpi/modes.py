@@ -24,9 +24,9 @@ from __future__ import annotations
 import warnings
 
 from . import _native, settings
-from .collectives import Stream
+from .collectives import Stream, p2p_bytes
 from .errors import MPIKVStoreError
-from .world import THREAD_MULTIPLE, Communicator, local_size, thread_level, world
+from .world import THREAD_MULTIPLE, Communicator, thread_level
 
 MODES = ("chained", "funneled", "concurrent")
 # Chosen from benchmarks/overlap.py, overhead.py and cluster.py (README "Modes").
@@ -60,39 +60,6 @@ def resolve(name: str | None) -> str:
 def stream_options() -> dict:
     """The native stream settings (settings.store_options)."""
     return settings.store_options()
-
-
-def spans_hosts(comm: Communicator) -> bool:
-    """Whether `comm` has members on more than one host; collective over `comm`
-    unless the whole world is on this host. Every member must get the same
-    answer (it picks the allreduce's route): a group of one rank on a host
-    with three and one alone on another spans hosts for both, which this
-    host's share of the world alone cannot tell."""
-    if world().size == local_size() or comm.size == 1:
-        return False
-    return comm.spans_hosts()
-
-
-# Across hosts, allreduces take the store's own allreduce over point-to-point
-# messages (reduce-scatter to block owners, then allgather; waits that sleep):
-# Open MPI's blocking collectives poll while the network works, taking the
-# core that backprop needs (0.3-0.9 of a core per rank at 0.3-1.1 Gbit/s), and
-# its non-blocking ones ran at 2x the wire time. On one host (shared memory)
-# MPI's own allreduce is faster. Every allreduce takes it (threshold 1 byte),
-# not only large ones: it reduces each element in rank order whatever the
-# buffer's size and layout, while MPI_Allreduce's order depends on the size
-# (its algorithm) and fusion groups arrays by timing; mixing the two would make
-# sums over 3 or more ranks differ in the last bit from run to run.
-P2P_ACROSS_HOSTS = 1
-
-
-def p2p_bytes(comm: Communicator) -> int:
-    """The point-to-point threshold for a store over `comm`: MXNET_MPI_P2P_BYTES
-    if set, else P2P_ACROSS_HOSTS across hosts and 0 (never) on one host."""
-    spans = spans_hosts(comm)   # collective: before anything a rank may see differently
-    if settings.is_set("MXNET_MPI_P2P_BYTES"):
-        return int(settings.get("MXNET_MPI_P2P_BYTES"))
-    return P2P_ACROSS_HOSTS if spans else 0
 
 
 def create_stream(mode: str, comm: Communicator, name: str) -> Stream:

@@ -123,13 +123,14 @@ TABLE: tuple = (
             "store, the free functions' included; at least 4096)",
             maximum=_GIB),
     Setting("MXNET_MPI_P2P_BYTES", "int", None,
-            "allreduce chunks of at least this many bytes take the store's own allreduce over "
+            "allreduce chunks of at least this many bytes take the stores' own allreduce over "
             "point-to-point messages (each block reduced by its owner in rank order, then sent "
             "to every rank: a ring's bytes, the same bits on every rank and in every run; a "
             "chunk of fewer elements than ranks is gathered and folded in rank order too; its "
             "waits sleep, so a rank waiting on the network leaves its core to backprop) "
             "instead of `MPI_Allreduce`; 0: never. fp16-compressed allreduces of at least this "
-            "many bytes exchange their blocks the same way. On shared memory MPI's own "
+            "many bytes exchange their blocks the same way. This holds for every store, the "
+            "free functions and `mxnet_mpi.horovod`. On shared memory MPI's own "
             "allreduce is faster", default_doc="1 across hosts, 0 on one host",
             maximum=1 << 62),
     Setting("MXNET_MPI_COMM_NICE", "int", -10,
@@ -270,6 +271,29 @@ def store_options() -> dict:
     """Keyword arguments of a native store (collectives.Stream): every store,
     the free functions' store 0 included, runs with these."""
     return {arg: int(get(name)) for arg, name in STORE_OPTIONS.items()}
+
+
+# Across hosts, allreduces take the stores' own allreduce over point-to-point
+# messages (reduce-scatter to block owners, then allgather; waits that sleep):
+# Open MPI's blocking collectives poll while the network works, taking the
+# core that backprop needs (0.3-0.9 of a core per rank at 0.3-1.1 Gbit/s), and
+# its non-blocking ones ran at 2x the wire time. On one host (shared memory)
+# MPI's own allreduce is faster. Every allreduce takes it (threshold 1 byte),
+# not only large ones: it reduces each element in rank order whatever the
+# buffer's size and layout, while MPI_Allreduce's order depends on the size
+# (its algorithm) and fusion groups arrays by timing; mixing the two would make
+# sums over 3 or more ranks differ in the last bit from run to run.
+P2P_ACROSS_HOSTS = 1
+
+
+def p2p_thresholds() -> tuple:
+    """(on one host, across hosts): the point-to-point threshold of a store
+    whose communicator is on one host, and of one that spans hosts:
+    MXNET_MPI_P2P_BYTES for both where set."""
+    if is_set("MXNET_MPI_P2P_BYTES"):
+        value = int(get("MXNET_MPI_P2P_BYTES"))
+        return value, value
+    return 0, P2P_ACROSS_HOSTS
 
 
 def stall_limits() -> tuple:

@@ -85,6 +85,7 @@ class _State:
     world: Communicator | None = None
     local_rank: int = 0
     local_size: int = 1
+    free_p2p: int = 0                # the free functions' store's point-to-point threshold
     thread_level: int = 0
     forked: bool = False
     exit_code: object = None
@@ -103,6 +104,13 @@ def on_comm_free(hook: Callable[[int], None]) -> None:
     """Call `hook(id)` when a communicator is freed (before MPI frees it), so
     what the layers above made over it goes with it."""
     _comm_free_hooks.append(hook)
+
+
+def free_functions_p2p_bytes() -> int:
+    """The point-to-point threshold of the free functions' store over the world
+    (store 0, created as MPI started)."""
+    init()
+    return _state.free_p2p
 
 
 def require_usable() -> None:
@@ -126,6 +134,8 @@ def init() -> Communicator:
         # reliability and store settings, read when MPI is initialised
         warn, abort, interval = settings.stall_limits()
         store0 = settings.store_options()   # the free functions' store
+        # its allreduce route, by whether the world spans hosts (known once MPI is up)
+        p2p = settings.p2p_thresholds()
         if not settings.get("MXNET_MPI_CHECK_SIGNATURES"):
             warnings.warn("MXNET_MPI_CHECK_SIGNATURES=0 is ignored: ranks always agree on "
                           "each collective before data moves (it is how they stay paired)",
@@ -143,7 +153,7 @@ def init() -> Communicator:
                 "does not use mxnet_mpi, e.g. MXNET_MPI_AUTOLOAD=0 or no store on some rank) "
                 "keeps the others here", mpi_started=False):
             rc = LIB.mxmpi_init(THREAD_MULTIPLE, *[store0[k] for k in settings.STORE_OPTIONS],
-                                *[ctypes.byref(o) for o in out])
+                                *p2p, *[ctypes.byref(o) for o in out])
         if rc != 0:
             error = last_error()
             if error == SETTINGS_DIFFER:
@@ -164,6 +174,8 @@ def init() -> Communicator:
         _state.world = Communicator(0, rank, size)
         rank_children.mark()
         _state.local_rank, _state.local_size = local_rank, local_size
+        # as mxmpi_init chose: the world spans hosts where a host has only some ranks
+        _state.free_p2p = p2p[1] if local_size < size else p2p[0]
         _state.thread_level = provided
         atexit.register(_at_exit)
         if size > 1:

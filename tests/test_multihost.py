@@ -124,7 +124,7 @@ def test_hybrid_one_group_per_host_ps_on_host0(cluster, tmp_path):
 def test_process_sets_on_uneven_hosts_agree_on_their_route(cluster, tmp_path):
     """3 ranks on host 0, 1 on host 1: a set of one rank of each host spans
     hosts for both of them (the point-to-point route), a set inside host 0
-    does not; every sum exact."""
+    does not; every sum exact; the world's free functions take that route."""
     hostfile = tmp_path / "uneven"
     hostfile.write_text("%s slots=3\n%s slots=1\n" % tuple(cluster.hosts))
     cmd = [str(Path(sys.executable).parent / "mpirun"), "-np", "4", "--hostfile",
@@ -138,6 +138,9 @@ def test_process_sets_on_uneven_hosts_agree_on_their_route(cluster, tmp_path):
         across = r["members"] == [2, 3]
         assert (r["spans_hosts"], r["p2p_bytes"] > 0) == (across, across), r
         assert r["set_exact"] and r["world_exact"], r
+        # Horovod's global set (the free functions' store) across hosts too:
+        # it took MPI's allreduce, whose order of additions is not rank order
+        assert r["world_p2p_bytes"] == 1 and r["world_rank_order"], r
 
 
 HOLDER = ("import sys, time\n"
