@@ -571,8 +571,8 @@ def _scale(tensor, factor) -> None:
     Horovod scales it: in double precision, truncated toward zero (MXNet's
     own multiply would first cast 0.5 to 0). Legacy and mx.np arrays alike."""
     factor = float(factor)
-    if factor == 1.0:
-        return
+    if factor == 1.0 or tensor.size == 0:
+        return   # nothing to scale (MXNet's legacy operators refuse empty arrays)
     numpy_mode = isinstance(tensor, mx.np.ndarray)
     if _is_integer(tensor) or tensor.dtype == np.float64:
         # MXNet's scalar operators take the factor in float32 (0.3 / 3 became

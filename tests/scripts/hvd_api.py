@@ -240,6 +240,17 @@ def sec_gather_scatter(res: Results) -> None:
     res.equal(hvd.reducescatter(isrc), (isum.astype(np.float64) * (1.0 / N)).astype(np.int32),
               "reducescatter int32 average")
     res.equal(isrc, (base * (R + 1)).astype(np.int32), "reducescatter int32 leaves its input")
+    # one row, N > 1 ranks: the others' parts are empty, and their average
+    # (an integer sum scaled by 1/size) failed in MXNet's shape inference
+    one = mx.nd.array(np.arange(5).reshape(1, 5) + 10 * R, dtype="int32")
+    total = sum(np.arange(5) + 10 * r for r in range(N)).reshape(1, 5)
+    for dtype, want, label in (
+            ("int32", (total * (1.0 / N)).astype(np.int32), "int32 average"),
+            ("float32", (total / N * 0.5).astype(np.float32), "average with postscale")):
+        got = hvd.reducescatter(one.astype(dtype), postscale_factor=0.5 if dtype == "float32"
+                                else 1.0)
+        res.equal(got, want if R == 0 else np.zeros((0, 5), dtype=dtype),
+                  "reducescatter %s, empty parts" % label)
     two = hvd.grouped_reducescatter([src, mx.nd.array(data(R, (N, 1)))], op=hvd.Sum)
     res.equal(two[1], sum(data(r, (N, 1)) for r in range(N))[R:R + 1],
               "grouped_reducescatter")
