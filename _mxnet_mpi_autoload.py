@@ -147,23 +147,37 @@ class _ThenMxnetMpi:
     def exec_module(self, module) -> None:
         # mxnet keeps its own loader: nothing of this hook stays visible on it
         module.__spec__.loader = module.__loader__ = self._loader
+        before = {var: os.environ.get(var) for var in _ENGINE_VARS}
         engine_defaults()
         self._loader.exec_module(module)   # a ps-lite role never returns from here
-        load_stores()
+        load_stores(before)
 
 
-def load_stores() -> None:
+# What engine_defaults may set (and `import mxnet_mpi` too, before it fails)
+_ENGINE_VARS = (SEGMENT_VAR, FORWARD_SEGMENT_VAR, AGGREGATION_VAR)
+
+
+def load_stores(before: dict | None = None) -> None:
     """Import mxnet_mpi (which registers its stores) unless it is being
-    imported already (it imports mxnet itself); warn if it fails."""
+    imported already (it imports mxnet itself); warn if it fails. Where it
+    fails, the engine variables go back to `before` (name -> value or None):
+    without mxnet_mpi's mended LAMB, one-at-a-time updates
+    (MXNET_OPTIMIZER_AGGREGATION_SIZE=1) leave float16 LAMB weights with
+    multi_precision untrained (optimizer_fixes.py)."""
     if "mxnet_mpi" in sys.modules:
         return
     try:
         import mxnet_mpi  # noqa: F401
     except Exception as exc:  # noqa: BLE001  (import mxnet must still work)
+        for var, value in (before or {}).items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
         reason = "%s: %s" % (type(exc).__name__, exc)
         msg = ("mxnet_mpi could not be loaded when mxnet was imported, so kvstore 'mpi' and "
                "its relatives raise this error when used: %s. MXNET_MPI_AUTOLOAD=0 switches "
-               "this hook off." % reason)
+               "this hook off. MXNet's optimizers keep their own defaults." % reason)
         try:
             import warnings
             warnings.warn(msg, RuntimeWarning, stacklevel=2)

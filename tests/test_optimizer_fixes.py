@@ -53,3 +53,14 @@ def test_lamb_multi_precision_one_at_a_time_follows_lamb(aggregate, monkeypatch)
         # the float32 master copy follows float64 LAMB; the float16 weight is its rounding
         np.testing.assert_allclose(masters[i], want, rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(got[i], masters[i].astype("float16"))
+
+
+def test_lamb_one_at_a_time_given_several_weights_refuses_as_mxnet_does(monkeypatch):
+    """Several weights at once where the optimizer updates one at a time:
+    MXNet asserts; the mended update changed only the first, silently."""
+    monkeypatch.setenv("MXNET_OPTIMIZER_AGGREGATION_SIZE", "1")
+    opt = mx.optimizer.create("lamb", learning_rate=LR, multi_precision=True)
+    ws = [mx.nd.ones((3,), dtype="float16") for _ in range(2)]
+    states = [opt.create_state_multi_precision(i, w) for i, w in enumerate(ws)]
+    with pytest.raises(AssertionError):
+        opt.update_multi_precision([0, 1], ws, [mx.nd.ones((3,), dtype="float16")] * 2, states)

@@ -88,6 +88,16 @@ def test_startup_hook_that_cannot_load_the_package_refuses_its_stores(variable):
     assert "%s must be 0 or 1, got 'abc'" % variable in proc.stderr
     if variable != "MXNET_MPI_TRANSPORT_DEFAULTS":
         return   # every name refused: once is enough
+    # In a rank of a job of several, the defaults the hook set for mxnet_mpi
+    # go back when it fails: its one-at-a-time updates without the package's
+    # mended LAMB left float16 weights with multi_precision untrained
+    probe = ("import os, mxnet as mx\n"
+             "print('AGG', os.environ.get('MXNET_OPTIMIZER_AGGREGATION_SIZE'),"
+             " mx.optimizer.LAMB().aggregate_num)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=dict(env, OMPI_COMM_WORLD_SIZE="2"), cwd=str(ROOT), timeout=120)
+    assert "AGG None 45" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "could not be loaded" in proc.stderr
     probe = ("import mxnet as mx, _mxnet_mpi_autoload as hook\n"
              "for name in hook.STORE_NAMES:\n"
              "    try:\n        mx.kv.create(name)\n    except mx.base.MXNetError as e:\n"
