@@ -38,9 +38,13 @@ _original_create = None   # MXNet's kv.create, before apply() wraps it
 
 
 def _claims(name: str) -> bool:
-    """Names in our namespace (``mpi*``, ``*_mpi``): registered ones and typos."""
+    """Names in our namespace (``mpi*``, ``*_mpi``): ours and typos, not a
+    store someone else registered with MXNet under such a name."""
     name = name.lower()
-    return name.startswith("mpi") or name.endswith("_mpi")
+    if not (name.startswith("mpi") or name.endswith("_mpi")):
+        return False
+    cls = KVStoreBase.kv_registry.get(name)
+    return cls is None or issubclass(cls, MPIKVStore)
 
 
 def is_ours(kvstore) -> bool:

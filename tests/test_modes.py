@@ -32,6 +32,8 @@ def test_mode_by_name_and_default():
     assert len(unknown) == 3
     for ln in unknown:
         assert "unknown kvstore" in ln and "mpi_chained, mpi_concurrent, mpi_funneled" in ln
+    # the user's own store registered with MXNet under such a name is theirs
+    assert lines(proc, "OWN_STORE") == [["MPIStoreOfMine", "stepped", "True"]]
 
 
 @pytest.mark.parametrize("mode", ["funneled"])   # not the default; the others: test_gluon
