@@ -98,6 +98,12 @@ def forward_segment_ops(env=None) -> int:
     return _first_int(env, _FORWARD_SET_BY, 15)
 
 
+#: The defaults engine_defaults/optimizer_defaults set in this process's own
+#: environment (name -> value): a saved optimizer must not carry them as the
+#: user's choice (optimizer_fixes.py)
+SET_HERE: dict = {}
+
+
 def engine_defaults(env=None) -> dict:
     """In a rank of an MPI job of several ranks, training passes in engine
     segments of one op, and each parameter updated by an op of its own.
@@ -119,6 +125,8 @@ def engine_defaults(env=None) -> dict:
         if not any(name in env for name in set_by):
             env[var] = done[var] = "1"
     done.update(optimizer_defaults(env))
+    if env is os.environ:
+        SET_HERE.update(done)
     return done
 
 
@@ -129,6 +137,8 @@ def optimizer_defaults(env=None) -> dict:
     if mpi_ranks(env) < 2 or AGGREGATION_VAR in env:
         return {}
     env[AGGREGATION_VAR] = "1"
+    if env is os.environ:
+        SET_HERE[AGGREGATION_VAR] = "1"
     return {AGGREGATION_VAR: "1"}
 
 
@@ -170,6 +180,7 @@ def load_stores(before: dict | None = None) -> None:
         import mxnet_mpi  # noqa: F401
     except Exception as exc:  # noqa: BLE001  (import mxnet must still work)
         for var, value in (before or {}).items():
+            SET_HERE.pop(var, None)
             if value is None:
                 os.environ.pop(var, None)
             else:

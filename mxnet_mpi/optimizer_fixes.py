@@ -13,13 +13,23 @@ it, which is what the grouped update computes.
 
 MXNet's own stores get the mended update too: it is the optimizer's, not the
 store's.
+
+A saved optimizer (``Trainer.save_states``, ``Module.save_optimizer_states``:
+a pickle) carries its group size. Where mxnet_mpi chose it (its default in an
+MPI job), the pickle holds MXNet's own default instead, marked, and a process
+with mxnet_mpi's default in effect takes the marked size back when it loads
+it: resumed without mxnet_mpi, the states went on with one-at-a-time updates
+and MXNet's unmended LAMB, silently.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import mxnet as mx
+
+from _mxnet_mpi_autoload import AGGREGATION_VAR, SET_HERE
 
 _applied = False
 
@@ -41,11 +51,57 @@ def _mended_lamb(orig):
     return _update_impl
 
 
+# The group size mxnet_mpi chose, in a saved optimizer's state
+MARK = "_mxnet_mpi_aggregate_num"
+
+
+def _mxnet_default(opt) -> int | None:
+    """MXNet 1.9's group size for `opt` without MXNET_OPTIMIZER_AGGREGATION_SIZE
+    (None: the variable does not reach it)."""
+    if isinstance(opt, mx.optimizer.LAMB):
+        return 45
+    if isinstance(opt, (mx.optimizer.SGD, mx.optimizer.LARS)):
+        return 4
+    return None
+
+
+def _chosen_here() -> str | None:
+    """The group size mxnet_mpi set in this process's environment, if it did
+    and it is still in effect."""
+    value = SET_HERE.get(AGGREGATION_VAR)
+    return value if value is not None and os.environ.get(AGGREGATION_VAR) == value else None
+
+
+def _saving(orig):
+    @functools.wraps(orig)
+    def __getstate__(self):
+        state = orig(self)
+        chosen, default = _chosen_here(), _mxnet_default(self)
+        if chosen is not None and default is not None and \
+                state.get("aggregate_num") == int(chosen):
+            state = dict(state, aggregate_num=default, **{MARK: state["aggregate_num"]})
+        return state
+    return __getstate__
+
+
+def _loading(orig):
+    @functools.wraps(orig)
+    def __setstate__(self, state):
+        marked = state.pop(MARK, None) if isinstance(state, dict) else None
+        orig(self, state)
+        if marked is not None and _chosen_here() is not None:
+            self.aggregate_num = marked
+    return __setstate__
+
+
 def apply() -> None:
-    """Install the mended updates (idempotent)."""
+    """Install the mended updates and the saved group size (idempotent)."""
     global _applied
     if _applied:
         return
     lamb = mx.optimizer.LAMB
     lamb._update_impl = _mended_lamb(lamb._update_impl)
+    base = mx.optimizer.Optimizer
+    base.__getstate__ = _saving(base.__getstate__)
+    base.__setstate__ = _loading(base.__setstate__)
     _applied = True

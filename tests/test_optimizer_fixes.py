@@ -6,9 +6,13 @@ mxnet_mpi is imported, that update follows LAMB as its grouped update does."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
+from mpirun import ROOT, mpi_env
 
 import mxnet_mpi  # noqa: F401  (mends the update)
 
@@ -64,3 +68,40 @@ def test_lamb_one_at_a_time_given_several_weights_refuses_as_mxnet_does(monkeypa
     states = [opt.create_state_multi_precision(i, w) for i, w in enumerate(ws)]
     with pytest.raises(AssertionError):
         opt.update_multi_precision([0, 1], ws, [mx.nd.ones((3,), dtype="float16")] * 2, states)
+
+
+SAVE = """
+import pickle, sys
+import mxnet as mx
+opts = [mx.optimizer.LAMB(multi_precision=True), mx.optimizer.SGD(momentum=0.9),
+        mx.optimizer.Adam()]
+print("SAVED", [o.aggregate_num for o in opts])
+open(sys.argv[1], "wb").write(pickle.dumps(opts))
+"""
+LOAD = """
+import pickle, sys
+import mxnet as mx
+print("LOADED", [o.aggregate_num for o in pickle.loads(open(sys.argv[1], "rb").read())])
+"""
+
+
+def test_saved_optimizer_carries_mxnets_group_size_where_mxnet_mpi_chose_it(tmp_path):
+    """Optimizers pickled (Trainer.save_states) in a rank of an MPI job, where
+    mxnet_mpi chose one-at-a-time updates: resumed without mxnet_mpi they
+    kept that size, and float16 LAMB with multi_precision then ran MXNet's
+    unmended update (no training, silently); with mxnet_mpi they take it back."""
+    blob = str(tmp_path / "opts.pkl")
+
+    def run(script: str, **env) -> str:
+        proc = subprocess.run([sys.executable, "-c", script, blob], env=mpi_env(env),
+                              cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.split(None, 1)[1].strip()
+
+    rank = {"OMPI_COMM_WORLD_SIZE": "2"}   # what the start-up hook reads of the job
+    assert run(SAVE, **rank) == "[1, 1, 0]"
+    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[45, 4, 0]"
+    assert run(LOAD, **rank) == "[1, 1, 0]"
+    # where the user chose the size, it is the user's, saved as it is
+    assert run(SAVE, MXNET_OPTIMIZER_AGGREGATION_SIZE="2", **rank) == "[2, 2, 0]"
+    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[2, 2, 0]"
