@@ -291,9 +291,8 @@ def check_after_writes(weights: list, optimizer, updater,
     if any(labels[j].startswith("the optimizer") for j in bad):
         # a broadcast of the weights (the usual `fix`) leaves the states apart
         remedy = states_fix or (": load the same files on every rank (Trainer.load_states, "
-                                "Module.load_optimizer_states), or "
-                                "check_consistency(trainer or module, action='broadcast'), "
-                                "which copies rank 0's weights and optimizer states")
+                                "Module.load_optimizer_states; check_consistency compares "
+                                "weights, not optimizer states)")
     else:
         remedy = " (load the same files on every rank), or %s" % fix
     raise MPIKVStoreError(
