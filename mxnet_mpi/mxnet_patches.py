@@ -215,8 +215,13 @@ def _patch_trainer() -> None:
             # MXNet's sparse-gradient branch of _init_kvstore rejects any class but its
             # own KVStore; a store with supports_sparse routes row_sparse gradients itself.
             self._contains_sparse_grad = False
+        elif not any(p._grad_stype != "default" for p in self._params if p.grad_req != "null"):
+            # only frozen parameters (grad_req 'null') have sparse gradients, and
+            # they have none to reduce: MXNet's sparse branch would refuse the store
+            self._contains_sparse_grad = False
         for p in self._params:
-            if not sparse_ok and (p._stype != "default" or p._grad_stype != "default"):
+            sparse_grad = p._grad_stype != "default" and p.grad_req != "null"
+            if not sparse_ok and (p._stype != "default" or sparse_grad):
                 raise MPIKVStoreError(
                     "Parameter %s has %s weight / %s gradient storage; kvstore '%s' "
                     "supports dense parameters only%s"

@@ -98,3 +98,14 @@ def test_trainer_issues_collectives_in_readiness_order(mode, tmp_path):
     for order in orders:
         assert order == sorted(order, reverse=True) and len(order) == 8, orders
     assert proc.stdout.count("LAST_REDUCED_WHILE_GATE_CLOSED True") == 2, proc.stdout
+
+
+def test_frozen_sparse_embedding_trains_and_unfreezing_it_is_refused():
+    """Embedding(sparse_grad=True) with grad_req 'null' has no gradient to
+    reduce: the Trainer on kvstore='mpi' trains as with a dense-gradient one
+    (MXNet's local store accepts it; ours refused it). Made trainable later,
+    its row_sparse gradient is refused at the step, naming it."""
+    proc = run_pooled("frozen_sparse.py", 2, timeout=120)
+    got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    assert got == ["RESULT %d same=True unfrozen=refused:True" % r for r in range(2)], \
+        proc.stdout + proc.stderr[-3000:]
