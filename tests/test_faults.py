@@ -86,11 +86,18 @@ def test_uncaught_mismatch_ends_the_job():
     assert "rank 0 finished" not in proc.stdout and "rank 1 finished" not in proc.stdout
 
 
+def collective_stall_warnings(stderr: str) -> list:
+    """The stall warnings about collectives (under load MPI's start-up can wait
+    past a 1 s warning too)."""
+    return [ln for ln in stderr.splitlines()
+            if "stall warning" in ln and "MPI's start-up" not in ln]
+
+
 @pytest.mark.parametrize("mode", ["chained", "concurrent"])   # blocking and non-blocking MPI
 def test_key_missing_on_a_rank_warns_then_aborts(mode):
     proc, took = fail("missing", mode, nranks=3)
     assert proc.returncode != 0
-    warn = [ln for ln in proc.stderr.splitlines() if "stall warning" in ln]
+    warn = collective_stall_warnings(proc.stderr)
     assert warn, proc.stderr[-3000:]
     assert "only_rank0" in warn[0] and "Missing ranks: 1" in warn[0] and " 2 " in warn[0]
     assert "MXNET_MPI_STALL_ABORT_S=4" in proc.stderr
@@ -103,7 +110,7 @@ def test_ranks_waiting_on_different_stores_are_told_so():
     the same store and sequence number, as if the peer were on this one."""
     proc, took = fail("two_stores", "funneled")
     assert proc.returncode != 0
-    warn = [ln for ln in proc.stderr.splitlines() if "stall warning" in ln]
+    warn = collective_stall_warnings(proc.stderr)
     assert warn, proc.stderr[-3000:]
     assert "of another store, 'mpi_funneled': the ranks wait on different stores" in warn[0]
     assert took < 40
