@@ -56,11 +56,12 @@ MARK = "_mxnet_mpi_aggregate_num"
 
 
 def _mxnet_default(opt) -> int | None:
-    """MXNet 1.9's group size for `opt` without MXNET_OPTIMIZER_AGGREGATION_SIZE
-    (None: the variable does not reach it)."""
-    if isinstance(opt, mx.optimizer.LAMB):
+    """MXNet 1.9's group size for `opt`, one of MXNet's own optimizers, without
+    MXNET_OPTIMIZER_AGGREGATION_SIZE (None: the variable does not reach it, or
+    a class of the user's, which may choose its size itself)."""
+    if type(opt) is mx.optimizer.LAMB:
         return 45
-    if isinstance(opt, (mx.optimizer.SGD, mx.optimizer.LARS)):
+    if type(opt) in (mx.optimizer.SGD, mx.optimizer.LARS, getattr(mx.optimizer, "ccSGD", None)):
         return 4
     return None
 

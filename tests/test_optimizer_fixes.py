@@ -73,14 +73,29 @@ def test_lamb_one_at_a_time_given_several_weights_refuses_as_mxnet_does(monkeypa
 SAVE = """
 import pickle, sys
 import mxnet as mx
+
+
+class OneAtATime(mx.optimizer.SGD):   # a class of the user's that chooses its own size
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.aggregate_num = 1
+
+
 opts = [mx.optimizer.LAMB(multi_precision=True), mx.optimizer.SGD(momentum=0.9),
-        mx.optimizer.Adam()]
+        mx.optimizer.Adam(), OneAtATime()]
 print("SAVED", [o.aggregate_num for o in opts])
 open(sys.argv[1], "wb").write(pickle.dumps(opts))
 """
 LOAD = """
 import pickle, sys
 import mxnet as mx
+
+
+class OneAtATime(mx.optimizer.SGD):
+    pass
+
+
+sys.modules["__main__"].OneAtATime = OneAtATime
 print("LOADED", [o.aggregate_num for o in pickle.loads(open(sys.argv[1], "rb").read())])
 """
 
@@ -99,9 +114,10 @@ def test_saved_optimizer_carries_mxnets_group_size_where_mxnet_mpi_chose_it(tmp_
         return proc.stdout.split(None, 1)[1].strip()
 
     rank = {"OMPI_COMM_WORLD_SIZE": "2"}   # what the start-up hook reads of the job
-    assert run(SAVE, **rank) == "[1, 1, 0]"
-    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[45, 4, 0]"
-    assert run(LOAD, **rank) == "[1, 1, 0]"
+    assert run(SAVE, **rank) == "[1, 1, 0, 1]"
+    # (the user's own class keeps the size it chose: saved as it is)
+    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[45, 4, 0, 1]"
+    assert run(LOAD, **rank) == "[1, 1, 0, 1]"
     # where the user chose the size, it is the user's, saved as it is
-    assert run(SAVE, MXNET_OPTIMIZER_AGGREGATION_SIZE="2", **rank) == "[2, 2, 0]"
-    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[2, 2, 0]"
+    assert run(SAVE, MXNET_OPTIMIZER_AGGREGATION_SIZE="2", **rank) == "[2, 2, 0, 1]"
+    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[2, 2, 0, 1]"
