@@ -30,7 +30,7 @@ from mxnet.base import _LIB, check_call
 from . import settings, weight_writes
 from .collectives import RankTable
 from .errors import MPIKVStoreError
-from .joining import broadcast_from, broadcast_states, module_arrays
+from .joining import broadcast_from, broadcast_state_values, module_arrays
 from .module_states import ModuleStates, counts_by_index
 
 EVERY_ENV = "MXNET_MPI_CONSISTENCY_EVERY"
@@ -184,7 +184,7 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
         params = target._params if isinstance(target, mx.gluon.Trainer) else target
         broadcast_from(kv, 0, params, why="consistency check", workers=True)
         if updater is not None:
-            broadcast_states(kv, 0, updater, why="consistency check", workers=True)
+            broadcast_state_values(kv, 0, updater, "consistency check", workers=True)
         mx.nd.waitall()
         text += "; copied rank 0's weights%s to every rank" % (
             " and optimizer states" if updater is not None else "")

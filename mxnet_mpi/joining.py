@@ -12,6 +12,7 @@ on the store, and whatever params/updater the caller gives.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import threading
 import warnings
 import weakref
@@ -23,7 +24,7 @@ from . import _native
 from .collectives import stream_for
 from .deferred import settle_deferred
 from .errors import MPIKVStoreError
-from .module_states import ModuleStates, spread_counts
+from .module_states import ModuleStates, counts_by_index, set_counts, spread_counts
 
 
 def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = False) -> None:
@@ -143,6 +144,49 @@ def broadcast_states(store, root: int, updater, why: str = "join",
         # rank the root does not have would count from 0 again (Adam's bias
         # correction apart from its other copies)
         spread_counts(updater._optimizer, updater._contexts)
+
+
+def _counts(updater) -> dict:
+    """The optimizer's update count of each parameter (Module: by parameter)."""
+    if isinstance(updater, ModuleStates):
+        return updater.counts()
+    return counts_by_index(updater._optimizer)
+
+
+def _take_counts(updater, counts: dict) -> None:
+    if isinstance(updater, ModuleStates):
+        updater.take_counts(counts)
+    else:
+        set_counts(updater._optimizer, [c.device_id for c in updater._contexts],
+                   lambda _k: dict(counts))
+
+
+def broadcast_state_values(store, root: int, updater, why: str,
+                           workers: bool = False) -> None:
+    """Copy the optimizer states of a Trainer or Module (ModuleStates) from
+    rank `root`, with its update counts, into this rank's own optimizer: the
+    objects stay the program's (it may hold the optimizer or its lr_scheduler
+    and change them later, on every rank; the ranks compare the settings at
+    each step), where broadcast_states puts in the root's copy."""
+    ups = _updaters(updater)
+    if not ups:
+        return
+    opt = ups[0].optimizer
+    mine = (store._workers_stream().comm.rank if workers else store.rank) == root
+    blob = pickle.dumps((ups[0].get_states(dump_optimizer=False), _counts(updater),
+                         opt.num_update)) if mine else b""
+    size = mx.nd.array([len(blob)], dtype="int64")
+    _internal(store, _native.BROADCAST, size, why + ": optimizer state size", root, workers)
+    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if mine
+                      else np.zeros(int(size.asscalar()), dtype=np.uint8), dtype="uint8")
+    _internal(store, _native.BROADCAST, buf, why + ": optimizer states", root, workers)
+    if mine:
+        return
+    states, counts, num_update = pickle.loads(buf.asnumpy().tobytes())
+    for up in ups:
+        up.set_states(states)   # the states alone: the optimizer object stays
+    _take_counts(updater, counts)
+    opt.num_update = num_update
 
 
 _free = {"thread": None, "error": None}

@@ -84,6 +84,17 @@ class ModuleStates:
                                                        lambda i: i // n))
         return pickle.dumps((states, opt))
 
+    def counts(self) -> dict:
+        """The optimizer's update counts, by parameter."""
+        n = self._ndev
+        return counts_by_index(self._updater.optimizer, lambda i: i // n)
+
+    def take_counts(self, counts: dict) -> None:
+        """Counts by parameter into the optimizer's tables of this rank's devices."""
+        n = self._ndev
+        set_counts(self._updater.optimizer, [c.device_id for c in self._module._context],
+                   lambda k: {i * n + k: c for i, c in counts.items()})
+
     def set_states(self, blob: bytes) -> None:
         loaded = pickle.loads(blob)
         states, opt = loaded if isinstance(loaded, tuple) else (loaded, None)

@@ -44,7 +44,7 @@ def test_broadcast_copies_optimizer_states_so_ranks_stay_alike():
     took them apart again (the master copy makes the next weights)."""
     proc = run_pooled("consistency.py", 2, "funneled", "states", timeout=120)
     want = {"%s_%s" % (d, k): "True" for d in ("float32", "float16")
-            for k in ("found", "said", "alike")}
+            for k in ("found", "said", "kept", "alike")}
     assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
 
 
@@ -83,7 +83,8 @@ def test_periodic_check_from_module_update_rebroadcasts():
     env = {"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_CONSISTENCY_ACTION": "broadcast"}
     proc = run_pooled("consistency_module.py", 2, "chained", env=env, timeout=120)
     want = {"differs_before": "True", "warned": "True", "names_fc_weight": "True",
-            "fixed": "True", "by_hand": "True", "fixed_by_hand": "True"}
+            "fixed": "True", "by_hand": "True", "fixed_by_hand": "True", "kept": "True",
+            "alike_after": "True"}
     assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
 
 

@@ -161,9 +161,11 @@ elif scenario == "states":
         net2 = gluon.nn.HybridSequential()
         net2.add(Linear(4, 3, dtype), Linear(2, 4, dtype))
         net2.initialize()
+        sched = mx.lr_scheduler.FactorScheduler(step=1000, base_lr=0.1)
         tr = gluon.Trainer(net2.collect_params(), "sgd",
-                           {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01,
+                           {"momentum": 0.9, "wd": 0.01, "lr_scheduler": sched,
                             "multi_precision": True}, kvstore="mpi_" + mode)
+        held = tr._optimizer
         x2 = mx.nd.array(np.full((2, 3), R + 1.0))
 
         def step2(net2=net2, x2=x2, tr=tr) -> None:
@@ -189,10 +191,17 @@ elif scenario == "states":
             found = check_consistency(tr, action="broadcast")
         said = any("weights and optimizer states to every rank" in str(w.message)
                    for w in caught)
+        # the program's optimizer and scheduler are still the ones every rank
+        # uses (a copy of rank 0's took their place on the others: a later
+        # change by the program reached rank 0 only)
+        kept = (tr._optimizer is held and tr._updaters[0].optimizer is held
+                and held.lr_scheduler is sched)
+        sched.base_lr = 0.05
         step2()
         step2()
-        out.append("%s_found=%s %s_said=%s %s_alike=%s"
-                   % (dtype, found == [net2[1].weight.name], dtype, said, dtype, alike()))
+        out.append("%s_found=%s %s_said=%s %s_kept=%s %s_alike=%s"
+                   % (dtype, found == [net2[1].weight.name], dtype, said, dtype, kept, dtype,
+                      alike()))
     print("RESULT %d %s" % (R, " ".join(out)), flush=True)
 elif scenario == "off":
     kv = trainer._kvstore
