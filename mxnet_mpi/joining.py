@@ -238,16 +238,18 @@ def join_store(store, params=None, updater=None, own=None, issued=None) -> int:
             if trainer is not updater:
                 finish_deferred(store, trainer._params)
                 broadcast_from(store, root, trainer._params, "join: Trainer")
-                broadcast_states(store, root, trainer)
+                broadcast_state_values(store, root, trainer, "join: Trainer")
         for module in attached_modules(store):
             if getattr(updater, "_module", None) is not module:
                 broadcast_from(store, root, module_arrays(module), "join: Module")
                 if getattr(module, "_updater", None) is not None:
-                    broadcast_states(store, root, ModuleStates(module))
+                    broadcast_state_values(store, root, ModuleStates(module), "join: Module")
         if params is not None:
             finish_deferred(store, params)
             broadcast_from(store, root, params)
-        if updater is not None:
+        if isinstance(updater, (mx.gluon.Trainer, ModuleStates)):
+            broadcast_state_values(store, root, updater, "join")
+        elif updater is not None:
             broadcast_states(store, root, updater)
         if own is not None:
             broadcast_from(store, root, own[0], "join: stored value")
