@@ -160,7 +160,9 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
         raise MPIKVStoreError("action must be one of %s, got %r" % (", ".join(ACTIONS), action))
     kv = _store_of(getattr(target, "_curr_module", target), store)
     updater = _updater_of(target)
+    modules = []
     if isinstance(target, mx.module.BaseModule):
+        modules = [target, getattr(target, "_curr_module", target)]
         target = _module_arrays(target)
     named = _named_arrays(target)
     if not named:
@@ -185,6 +187,8 @@ def check_consistency(target, store=None, action: str | None = None) -> list[str
         broadcast_from(kv, 0, params, why="consistency check", workers=True)
         if updater is not None:
             broadcast_state_values(kv, 0, updater, "consistency check", workers=True)
+        for module in modules:
+            module._params_dirty = True   # get_params reads the arrays again
         mx.nd.waitall()
         text += "; copied rank 0's weights%s to every rank" % (
             " and optimizer states" if updater is not None else "")

@@ -161,20 +161,36 @@ def _take_counts(updater, counts: dict) -> None:
                    lambda _k: dict(counts))
 
 
+# What stays this rank's own in its optimizer when the root's values come in:
+# the objects a program may hold, this rank's numbering, and the count tables
+# (by this rank's devices: _take_counts)
+_OWN = frozenset(("lr_scheduler", "param_dict", "idx2name", "_all_index_update_counts",
+                  "_index_update_count"))
+
+
+def _take_values(opt, root_opt) -> None:
+    """The root's optimizer values (settings, num_update, and what an optimizer
+    advances as it updates, e.g. Nadam's m_schedule) into this rank's `opt`."""
+    opt.__dict__.update({k: v for k, v in vars(root_opt).items() if k not in _OWN})
+    mine, theirs = opt.lr_scheduler, root_opt.lr_scheduler
+    if mine is not None and type(mine) is type(theirs):
+        mine.__dict__.update(vars(theirs))   # its progress, in the program's object
+
+
 def broadcast_state_values(store, root: int, updater, why: str,
                            workers: bool = False) -> None:
     """Copy the optimizer states of a Trainer or Module (ModuleStates) from
-    rank `root`, with its update counts, into this rank's own optimizer: the
-    objects stay the program's (it may hold the optimizer or its lr_scheduler
-    and change them later, on every rank; the ranks compare the settings at
-    each step), where broadcast_states puts in the root's copy."""
+    rank `root`, with its update counts and values, into this rank's own
+    optimizer: the objects stay the program's (it may hold the optimizer or
+    its lr_scheduler and change them later, on every rank; the ranks compare
+    the settings at each step), where broadcast_states puts in the root's copy."""
     ups = _updaters(updater)
     if not ups:
         return
     opt = ups[0].optimizer
     mine = (store._workers_stream().comm.rank if workers else store.rank) == root
     blob = pickle.dumps((ups[0].get_states(dump_optimizer=False), _counts(updater),
-                         opt.num_update)) if mine else b""
+                         opt)) if mine else b""
     size = mx.nd.array([len(blob)], dtype="int64")
     _internal(store, _native.BROADCAST, size, why + ": optimizer state size", root, workers)
     buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if mine
@@ -182,11 +198,11 @@ def broadcast_state_values(store, root: int, updater, why: str,
     _internal(store, _native.BROADCAST, buf, why + ": optimizer states", root, workers)
     if mine:
         return
-    states, counts, num_update = pickle.loads(buf.asnumpy().tobytes())
+    states, counts, root_opt = pickle.loads(buf.asnumpy().tobytes())
     for up in ups:
         up.set_states(states)   # the states alone: the optimizer object stays
+    _take_values(opt, root_opt)
     _take_counts(updater, counts)
-    opt.num_update = num_update
 
 
 _free = {"thread": None, "error": None}
@@ -242,6 +258,7 @@ def join_store(store, params=None, updater=None, own=None, issued=None) -> int:
         for module in attached_modules(store):
             if getattr(updater, "_module", None) is not module:
                 broadcast_from(store, root, module_arrays(module), "join: Module")
+                module._params_dirty = True   # get_params reads the arrays again
                 if getattr(module, "_updater", None) is not None:
                     broadcast_state_values(store, root, ModuleStates(module), "join: Module")
         if params is not None:

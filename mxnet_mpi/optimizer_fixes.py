@@ -56,14 +56,22 @@ MARK = "_mxnet_mpi_aggregate_num"
 
 
 def _mxnet_default(opt) -> int | None:
-    """MXNet 1.9's group size for `opt`, one of MXNet's own optimizers, without
-    MXNET_OPTIMIZER_AGGREGATION_SIZE (None: the variable does not reach it, or
-    a class of the user's, which may choose its size itself)."""
-    if type(opt) is mx.optimizer.LAMB:
-        return 45
-    if type(opt) in (mx.optimizer.SGD, mx.optimizer.LARS, getattr(mx.optimizer, "ccSGD", None)):
-        return 4
+    """MXNet 1.9's group size for `opt` without MXNET_OPTIMIZER_AGGREGATION_SIZE
+    (None: the variable does not reach it, or a class of the user's sets the
+    size itself: an ``__init__`` of its own that assigns ``aggregate_num``)."""
+    for base, default in ((mx.optimizer.LAMB, 45), (mx.optimizer.SGD, 4),
+                          (mx.optimizer.LARS, 4)):
+        if isinstance(opt, base):
+            mro = type(opt).__mro__
+            own = mro[:mro.index(base)]
+            if any("aggregate_num" in getattr(vars(c).get("__init__"), "__code__",
+                                              _NO_CODE).co_names for c in own):
+                return None
+            return default
     return None
+
+
+_NO_CODE = (lambda: None).__code__
 
 
 def _chosen_here() -> str | None:

@@ -83,8 +83,8 @@ def test_periodic_check_from_module_update_rebroadcasts():
     env = {"MXNET_MPI_CONSISTENCY_EVERY": "2", "MXNET_MPI_CONSISTENCY_ACTION": "broadcast"}
     proc = run_pooled("consistency_module.py", 2, "chained", env=env, timeout=120)
     want = {"differs_before": "True", "warned": "True", "names_fc_weight": "True",
-            "fixed": "True", "by_hand": "True", "fixed_by_hand": "True", "kept": "True",
-            "alike_after": "True"}
+            "fixed": "True", "by_hand": "True", "fixed_by_hand": "True",
+            "get_params_fresh": "True", "kept": "True", "alike_after": "True"}
     assert results(proc.stdout) == [want] * 2, proc.stdout + proc.stderr[-3000:]
 
 

@@ -81,8 +81,12 @@ class OneAtATime(mx.optimizer.SGD):   # a class of the user's that chooses its o
         self.aggregate_num = 1
 
 
+class Inherits(mx.optimizer.LAMB):   # takes LAMB's size, as LAMB does
+    pass
+
+
 opts = [mx.optimizer.LAMB(multi_precision=True), mx.optimizer.SGD(momentum=0.9),
-        mx.optimizer.Adam(), OneAtATime()]
+        mx.optimizer.Adam(), OneAtATime(), Inherits()]
 print("SAVED", [o.aggregate_num for o in opts])
 open(sys.argv[1], "wb").write(pickle.dumps(opts))
 """
@@ -95,7 +99,8 @@ class OneAtATime(mx.optimizer.SGD):
     pass
 
 
-sys.modules["__main__"].OneAtATime = OneAtATime
+class Inherits(mx.optimizer.LAMB):
+    pass
 print("LOADED", [o.aggregate_num for o in pickle.loads(open(sys.argv[1], "rb").read())])
 """
 
@@ -114,10 +119,11 @@ def test_saved_optimizer_carries_mxnets_group_size_where_mxnet_mpi_chose_it(tmp_
         return proc.stdout.split(None, 1)[1].strip()
 
     rank = {"OMPI_COMM_WORLD_SIZE": "2"}   # what the start-up hook reads of the job
-    assert run(SAVE, **rank) == "[1, 1, 0, 1]"
-    # (the user's own class keeps the size it chose: saved as it is)
-    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[45, 4, 0, 1]"
-    assert run(LOAD, **rank) == "[1, 1, 0, 1]"
+    assert run(SAVE, **rank) == "[1, 1, 0, 1, 1]"
+    # (a class of the user's that sets its own size keeps it: saved as it is;
+    # one that inherits LAMB's size is saved as LAMB is)
+    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[45, 4, 0, 1, 45]"
+    assert run(LOAD, **rank) == "[1, 1, 0, 1, 1]"
     # where the user chose the size, it is the user's, saved as it is
-    assert run(SAVE, MXNET_OPTIMIZER_AGGREGATION_SIZE="2", **rank) == "[2, 2, 0, 1]"
-    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[2, 2, 0, 1]"
+    assert run(SAVE, MXNET_OPTIMIZER_AGGREGATION_SIZE="2", **rank) == "[2, 2, 0, 1, 2]"
+    assert run(LOAD, MXNET_MPI_AUTOLOAD="0") == "[2, 2, 0, 1, 2]"

@@ -117,11 +117,13 @@ def test_join_of_two_chained_stores_is_named():
     assert all("cannot be joined together" in v for v in got.values()), got
 
 
-def test_join_keeps_the_programs_optimizer_and_scheduler():
+@pytest.mark.parametrize("optimizer", ["sgd", "nadam"])
+def test_join_keeps_the_programs_optimizer_and_scheduler(optimizer):
     """After join(), every rank still uses the program's optimizer and
-    lr_scheduler objects, holding the latest rank's states and counts: a
+    lr_scheduler objects, holding the latest rank's states, counts and values
+    (Nadam's m_schedule: without it, the settings check stopped the job): a
     scheduler change by the program reaches every rank, and they train alike."""
-    proc = run_pooled("join_held_optimizer.py", 2, timeout=120)
+    proc = run_pooled("join_held_optimizer.py", 2, optimizer, timeout=120)
     got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RANK"))
     assert got == ["RANK %d kept True alike True num_update 5" % r for r in range(2)], \
         proc.stdout + proc.stderr[-3000:]

@@ -62,9 +62,12 @@ fixed = same_everywhere()
 # and by hand: check_consistency takes the Module itself (it raised TypeError)
 if R == 1:
     w[:] = w + 1
+mod.get_params()   # cached (rank 1: moved); the broadcast must make it read the arrays again
 with warnings.catch_warnings(record=True):
     warnings.simplefilter("always")
     by_hand = mxnet_mpi.check_consistency(mod, action="broadcast")
+held = mod._exec_group.param_arrays[mod._exec_group.param_names.index("fc_weight")][0]
+fresh = np.array_equal(mod.get_params()[0]["fc_weight"].asnumpy(), held.asnumpy())
 fixed_by_hand = same_everywhere()
 # the broadcast copied rank 0's optimizer states into the program's optimizer,
 # which every rank still uses: a later change of it reaches every rank
@@ -73,6 +76,6 @@ opt.set_learning_rate(0.01)
 step()
 step()
 print("RESULT %d differs_before=%s warned=%s names_fc_weight=%s fixed=%s by_hand=%s "
-      "fixed_by_hand=%s kept=%s alike_after=%s"
+      "fixed_by_hand=%s get_params_fresh=%s kept=%s alike_after=%s"
       % (R, differs_before, bool(texts), any("'fc_weight'" in t for t in texts), fixed,
-         by_hand == ["fc_weight"], fixed_by_hand, kept, same_everywhere()), flush=True)
+         by_hand == ["fc_weight"], fixed_by_hand, fresh, kept, same_everywhere()), flush=True)

@@ -3,9 +3,13 @@ every rank: it copies the latest rank's optimizer states and counts into them
 (a copy of that rank's optimizer took their place on the others, so the
 program's later scheduler change reached one rank only: a settings error).
 
-  mpirun -np 2 python join_held_optimizer.py
+  mpirun -np 2 python join_held_optimizer.py OPTIMIZER
+OPTIMIZER sgd (momentum) or nadam (its m_schedule advances with each update,
+on the optimizer object: the latest rank's must come with the states).
 Prints "RANK <r> kept <bool> alike <bool> num_update <n>".
 """
+
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -17,8 +21,8 @@ R = mxnet_mpi.rank()
 net = gluon.nn.Dense(2, in_units=3)
 net.initialize(mx.init.Xavier())
 sched = mx.lr_scheduler.FactorScheduler(step=1000, base_lr=0.1)
-tr = gluon.Trainer(net.collect_params(), "sgd", {"momentum": 0.9, "lr_scheduler": sched},
-                   kvstore="mpi")
+params = {"lr_scheduler": sched, **({"momentum": 0.9} if sys.argv[1] == "sgd" else {})}
+tr = gluon.Trainer(net.collect_params(), sys.argv[1], params, kvstore="mpi")
 held = tr._optimizer
 x = mx.nd.array(np.full((2, 3), R + 1.0))
 
