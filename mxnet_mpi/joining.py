@@ -24,7 +24,7 @@ from . import _native
 from .collectives import stream_for
 from .deferred import settle_deferred
 from .errors import MPIKVStoreError
-from .module_states import ModuleStates, counts_by_index, set_counts, spread_counts
+from .module_states import ModuleStates, counts_by_index, set_counts
 
 
 def _internal(store, op: int, arr, desc: str, root: int = 0, workers: bool = False) -> None:
@@ -108,42 +108,33 @@ def _updaters(updater) -> list:
                           "%s" % type(updater).__name__)
 
 
-def broadcast_states(store, root: int, updater, why: str = "join",
-                     workers: bool = False) -> None:
-    """Copy the optimizer states (and the optimizer's counters) from rank `root`
-    (with `workers`, to every worker: the whole world for a hybrid store)."""
+def _broadcast_bytes(store, root: int, make, why: str, workers: bool = False) -> bytes | None:
+    """`make()`, called on rank `root`, to every rank of `store` (with
+    `workers`, to every worker: the whole world for a hybrid store); None on
+    the root itself."""
+    mine = (store._workers_stream().comm.rank if workers else store.rank) == root
+    blob = make() if mine else b""
+    size = mx.nd.array([len(blob)], dtype="int64")
+    _internal(store, _native.BROADCAST, size, why + ": optimizer state size", root, workers)
+    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if mine
+                      else np.zeros(int(size.asscalar()), dtype=np.uint8), dtype="uint8")
+    _internal(store, _native.BROADCAST, buf, why + ": optimizer states", root, workers)
+    return None if mine else buf.asnumpy().tobytes()
+
+
+def broadcast_states(store, root: int, updater) -> None:
+    """Copy an optimizer updater's states and its optimizer (with its counters)
+    from rank `root`: join(updater=...)'s, or a store's own (set_optimizer).
+    A Trainer's or Module's: broadcast_state_values."""
     ups = _updaters(updater)
     if not ups:
         return
-    mine = (store._workers_stream().comm.rank if workers else store.rank) == root
-    blob = ups[0].get_states(dump_optimizer=True) if mine else b""
-    size = mx.nd.array([len(blob)], dtype="int64")
-    _internal(store, _native.BROADCAST, size, why + ": optimizer state size", root, workers)
-    n = int(size.asscalar())
-    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if mine
-                      else np.zeros(n, dtype=np.uint8), dtype="uint8")
-    _internal(store, _native.BROADCAST, buf, why + ": optimizer states", root, workers)
-    if mine:
+    states = _broadcast_bytes(store, root, lambda: ups[0].get_states(dump_optimizer=True),
+                              "join")
+    if states is None:
         return
-    states = buf.asnumpy().tobytes()
-    for up in ups:  # as Trainer.load_states does: one optimizer shared by all
+    for up in ups:
         up.set_states(states)
-        up.optimizer = ups[0].optimizer
-    if isinstance(updater, mx.gluon.Trainer):
-        own, loaded = updater._optimizer, ups[0].optimizer
-        if type(own) is type(loaded):
-            # the root's settings and counts into the Trainer's own optimizer:
-            # a program holding it (opt.set_learning_rate after each epoch)
-            # changed a copy no rank used any more, and its ranks differed
-            own.__dict__.update(loaded.__dict__)
-            for up in ups:
-                up.optimizer = own
-        updater._optimizer = ups[0].optimizer
-        updater._optimizer.param_dict = {i: p for i, p in enumerate(updater._params)}
-        # the root's count tables are those of its device ids: a device of this
-        # rank the root does not have would count from 0 again (Adam's bias
-        # correction apart from its other copies)
-        spread_counts(updater._optimizer, updater._contexts)
 
 
 def _counts(updater) -> dict:
@@ -188,17 +179,11 @@ def broadcast_state_values(store, root: int, updater, why: str,
     if not ups:
         return
     opt = ups[0].optimizer
-    mine = (store._workers_stream().comm.rank if workers else store.rank) == root
-    blob = pickle.dumps((ups[0].get_states(dump_optimizer=False), _counts(updater),
-                         opt)) if mine else b""
-    size = mx.nd.array([len(blob)], dtype="int64")
-    _internal(store, _native.BROADCAST, size, why + ": optimizer state size", root, workers)
-    buf = mx.nd.array(np.frombuffer(blob, dtype=np.uint8) if mine
-                      else np.zeros(int(size.asscalar()), dtype=np.uint8), dtype="uint8")
-    _internal(store, _native.BROADCAST, buf, why + ": optimizer states", root, workers)
-    if mine:
+    data = _broadcast_bytes(store, root, lambda: pickle.dumps(
+        (ups[0].get_states(dump_optimizer=False), _counts(updater), opt)), why, workers)
+    if data is None:
         return
-    states, counts, root_opt = pickle.loads(buf.asnumpy().tobytes())
+    states, counts, root_opt = pickle.loads(data)
     for up in ups:
         up.set_states(states)   # the states alone: the optimizer object stays
     _take_values(opt, root_opt)
