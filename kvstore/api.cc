@@ -739,7 +739,7 @@ MXMPI_API int mxmpi_store_close(int store) {
 // The settings a store runs with (after clamping).
 MXMPI_API int mxmpi_store_options(int store, int64_t* fusion_bytes, int64_t* small_bytes,
                                   int64_t* chunk_bytes, int* large_lanes, int* cycle_us,
-                                  int64_t* preempt_bytes) {
+                                  int64_t* preempt_bytes, int64_t* p2p_bytes) {
   MXMPI_GUARD();
   auto s = StoreById(store);
   if (!s) return Fail("mxnet_mpi: store " + std::to_string(store) + " is closed");
@@ -750,6 +750,7 @@ MXMPI_API int mxmpi_store_options(int store, int64_t* fusion_bytes, int64_t* sma
   *large_lanes = o.large_lanes;
   *cycle_us = o.cycle_us;
   *preempt_bytes = o.preempt_bytes;
+  *p2p_bytes = o.p2p_bytes;
   return 0;
 }
 

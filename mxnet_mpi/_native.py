@@ -249,7 +249,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.mxmpi_store_join.argtypes = [i]
     lib.mxmpi_store_close.argtypes = [i]
     lib.mxmpi_store_info.argtypes = [i, pi64, pi64, pi64]
-    lib.mxmpi_store_options.argtypes = [i, pi64, pi64, pi64, pi, pi, pi64]
+    lib.mxmpi_store_options.argtypes = [i, pi64, pi64, pi64, pi, pi, pi64, pi64]
     lib.mxmpi_server_wait.argtypes = [NDArrayHandle, ctypes.c_char_p, i, pi64]
     lib.mxmpi_hold_write.argtypes = [NDArrayHandle, ctypes.c_char_p, pi64]
     lib.mxmpi_release_write.argtypes = [i64, NDArrayHandle]

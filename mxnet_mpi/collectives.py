@@ -29,14 +29,7 @@ from . import _native, settings
 from ._native import LIB, CallDesc
 from .errors import MPIKVStoreError
 from .peer_wait import waiting_for_peers
-from .world import (
-    Communicator,
-    free_functions_p2p_bytes,
-    init,
-    local_size,
-    on_comm_free,
-    require_usable,
-)
+from .world import Communicator, init, local_size, on_comm_free, require_usable
 
 # numpy dtype -> MXNet dtype code (mshadow TypeFlag)
 DTYPE_CODES = {
@@ -171,7 +164,7 @@ class Stream:
         self._failed_ref = ctypes.byref(self._failed)
         if store_id is not None:
             self.id = store_id
-            self.p2p_bytes = int(options.get("p2p_bytes", 0))
+            self.p2p_bytes = self._native_options()[-1]
             return
         _creators.note(name=name)
         out = ctypes.c_int()
@@ -221,12 +214,17 @@ class Stream:
         _native.check(LIB.mxmpi_store_info(self.id, *[ctypes.byref(v) for v in vals]))
         return tuple(v.value for v in vals)
 
+    def _native_options(self) -> list:
+        """The native store's settings: settings.STORE_OPTIONS' order, then its
+        point-to-point threshold."""
+        vals = [ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(),
+                ctypes.c_int(), ctypes.c_int64(), ctypes.c_int64()]
+        _native.check(LIB.mxmpi_store_options(self.id, *[ctypes.byref(v) for v in vals]))
+        return [v.value for v in vals]
+
     def options(self) -> dict:
         """The settings the native store runs with (settings.store_options keys)."""
-        vals = [ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int(),
-                ctypes.c_int(), ctypes.c_int64()]
-        _native.check(LIB.mxmpi_store_options(self.id, *[ctypes.byref(v) for v in vals]))
-        return dict(zip(settings.STORE_OPTIONS, (v.value for v in vals)))
+        return dict(zip(settings.STORE_OPTIONS, self._native_options()))
 
     def close(self) -> None:
         """No more collectives; threads and communicators go once nothing is pending."""
@@ -314,11 +312,9 @@ def stream_for(comm: Communicator | None) -> Stream:
     with _streams_lock:
         stream = _streams.get(comm.id)
         if stream is None:
-            if comm.id == world.id:
-                # created as MPI started, with world.free_functions_p2p_bytes()
+            if comm.id == world.id:   # created as MPI started (mxmpi_init)
                 stream = Stream(_native.EXEC_CHAINED, comm, "mxnet_mpi (free functions)",
-                                store_id=_native.DEFAULT_STORE,
-                                p2p_bytes=free_functions_p2p_bytes())
+                                store_id=_native.DEFAULT_STORE)
             else:
                 stream = Stream(_native.EXEC_CHAINED, comm, "mxnet_mpi (communicator %d)"
                                 % comm.id, p2p_bytes=p2p_bytes(comm))

@@ -85,7 +85,6 @@ class _State:
     world: Communicator | None = None
     local_rank: int = 0
     local_size: int = 1
-    free_p2p: int = 0                # the free functions' store's point-to-point threshold
     thread_level: int = 0
     forked: bool = False
     exit_code: object = None
@@ -104,13 +103,6 @@ def on_comm_free(hook: Callable[[int], None]) -> None:
     """Call `hook(id)` when a communicator is freed (before MPI frees it), so
     what the layers above made over it goes with it."""
     _comm_free_hooks.append(hook)
-
-
-def free_functions_p2p_bytes() -> int:
-    """The point-to-point threshold of the free functions' store over the world
-    (store 0, created as MPI started)."""
-    init()
-    return _state.free_p2p
 
 
 def require_usable() -> None:
@@ -174,8 +166,6 @@ def init() -> Communicator:
         _state.world = Communicator(0, rank, size)
         rank_children.mark()
         _state.local_rank, _state.local_size = local_rank, local_size
-        # as mxmpi_init chose: the world spans hosts where a host has only some ranks
-        _state.free_p2p = p2p[1] if local_size < size else p2p[0]
         _state.thread_level = provided
         atexit.register(_at_exit)
         if size > 1:
