@@ -384,6 +384,9 @@ SWEEP = [
     ("links=4, ring allreduce",
      dict(LINKS4, OMPI_MCA_coll_tuned_use_dynamic_rules="1",
           OMPI_MCA_coll_tuned_allreduce_algorithm="4")),
+    # Open MPI's TCP progress thread: a thread of Open MPI's that sleeps in epoll
+    # and moves the sockets' bytes as they become ready, between the waits' tests
+    ("links=4, btl_tcp_progress_thread=1", dict(LINKS4, OMPI_MCA_btl_tcp_progress_thread="1")),
 ]
 SWEEP_COLUMNS = ["settings", "link_gbit", "grad_MB", "wire_ms", "allreduce_ms", "vs_wire",
                  "cpu_per_wall", "half_rtt_us", "half_rtt_busy_us", "store_ms", "store_vs_wire",

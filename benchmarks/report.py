@@ -746,6 +746,26 @@ def _cluster_pair(rows: list, hosts: bool) -> list:
             table(head, body, set(range(n + 2, len(head)))), ""]
 
 
+def _wire_bound(store: str, hosts: set) -> list:
+    """What the bytes alone allow the ring against `store` (a ps-lite row):
+    each link's bytes per step, each way, in gradients' sizes. Every host's
+    link, the servers' included, is shaped at the same rate."""
+    if len(hosts) != 1:
+        return []
+    n = hosts.pop()
+    ring = 2 * (n - 1) / n
+    if store == "dist_sync":
+        return ["  by bytes alone: the server's link carries %d times the gradients each way per "
+                "step (every worker's push and pull), each host's link in the store's ring "
+                "%s, so the store can be at most %.2fx faster on the wire;"
+                % (n, "once" if ring == 1 else "%.3g times" % ring, n / ring)]
+    return ["  by bytes alone: with the keys spread evenly over the servers, each host's link "
+            "carries %.3g times the gradients each way per step (its worker's pushes to the "
+            "other hosts' servers and its server's replies to the other workers), as many as "
+            "in the store's ring: on the wire the store can be at most 1.00x faster, and it "
+            "gains only by CPU and round trips;" % ring]
+
+
 def _cluster_targets(rows: list, mode: str | None, floor: dict | None = None) -> list:
     """The cross-host targets, read from the rows: comm only <= 1.15x the wire
     time, at most 10% of a core while waiting (beside `floor`, the link
@@ -823,6 +843,7 @@ def _cluster_targets(rows: list, mode: str | None, floor: dict | None = None) ->
                 "/".join(sorted({"%.2fx" % n for n in need})), label,
                 verdict([x >= n for x, n in zip(sp, need)]), ", ".join("%.2fx" % x for x in sp),
                 ", ".join("%s vs %s" % (sig(ours[g]), sig(t)) for g, t in zip(groups, theirs))))
+            lines += _wire_bound(other, {g[0] or 2 for g in groups})
     theirs = [step("horovod", g) for g in groups]
     partner = [step("mpi oneDNN off", g) for g in groups]   # equal compute with Horovod
     if all(x is not None for x in theirs + partner):
