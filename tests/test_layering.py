@@ -25,7 +25,8 @@ LAYERS = [
     {"modes", "trainer_plan"},
     {"kvstore", "store_calls", "store_glue", "stores", "consistency"},
     {"mxnet_patches", "hybrid", "hybrid_routing", "hybrid_dense", "hybrid_sparse",
-     "pslite_client", "launch", "runner", "horovod", "syncbn", "__init__", "__main__"},
+     "pslite_client", "launch", "runner", "horovod", "horovod_state", "horovod_collectives",
+     "horovod_training", "syncbn", "__init__", "__main__"},
     {"testing", "testing.netns"},   # test support, above what it tests
 ]
 LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}
