@@ -11,8 +11,17 @@ value, and training goes nowhere, silently. The grouped update
 LAMB's float32 update on the master copy and writes the float16 weight from
 it, which is what the grouped update computes.
 
-MXNet's own stores get the mended update too: it is the optimizer's, not the
-store's.
+LARS with momentum and ``momentum_correction=True`` (its default) scales the
+momentum by this step's learning rate over the last step's, where a
+scheduler or ``set_learning_rate`` changed it. MXNet 1.9 moves "the last
+step's rate" at every update call, so only the weights of a step's first call
+got the correction: the first group of 4 (MXNet's default size), one weight
+at a time, the first device's copies only (the others' then differ from it).
+Here the rates move once per step, and every weight of the step, on every
+device, gets the correction, whatever the group size.
+
+MXNet's own stores get the mended updates too: they are the optimizer's, not
+the store's.
 
 A saved optimizer (``Trainer.save_states``, ``Module.save_optimizer_states``:
 a pickle) carries its group size. Where mxnet_mpi chose it (its default in an
@@ -49,6 +58,23 @@ def _mended_lamb(orig):
         weight[:] = master.astype(weight.dtype)
         return None
     return _update_impl
+
+
+def _lars_rates_per_step(orig):
+    @functools.wraps(orig)
+    def _get_lrs(self, indices):
+        # _update_count ran first: num_update is the step's number, the same
+        # for each of its groups and devices
+        step = self.num_update
+        if getattr(self, "_mxmpi_rates_step", None) != step or self.cur_lr is None:
+            self._mxmpi_rates_step = step
+            return orig(self, indices)   # a new step: its rate, the last one's kept
+        rates = self.last_lr, self.cur_lr
+        try:
+            return orig(self, indices)
+        finally:
+            self.last_lr, self.cur_lr = rates
+    return _get_lrs
 
 
 # The group size mxnet_mpi chose, in a saved optimizer's state
@@ -110,6 +136,8 @@ def apply() -> None:
         return
     lamb = mx.optimizer.LAMB
     lamb._update_impl = _mended_lamb(lamb._update_impl)
+    lars = mx.optimizer.LARS
+    lars._get_lrs = _lars_rates_per_step(lars._get_lrs)
     base = mx.optimizer.Optimizer
     base.__getstate__ = _saving(base.__getstate__)
     base.__setstate__ = _loading(base.__setstate__)

@@ -2,7 +2,9 @@
 a time (MXNET_OPTIMIZER_AGGREGATION_SIZE=1, mxnet_mpi's default in a job of
 several ranks, and the Module API's per-device updates), never wrote the
 float32 master copy: each step restarted from its first value. Once
-mxnet_mpi is imported, that update follows LAMB as its grouped update does."""
+mxnet_mpi is imported, that update follows LAMB as its grouped update does.
+LARS's momentum correction reached only a step's first update call; it now
+reaches every weight, whatever the group size."""
 
 from __future__ import annotations
 
@@ -68,6 +70,48 @@ def test_lamb_one_at_a_time_given_several_weights_refuses_as_mxnet_does(monkeypa
     states = [opt.create_state_multi_precision(i, w) for i, w in enumerate(ws)]
     with pytest.raises(AssertionError):
         opt.update_multi_precision([0, 1], ws, [mx.nd.ones((3,), dtype="float16")] * 2, states)
+
+
+def lars_training(aggregate: int, devices: int, monkeypatch) -> list:
+    """LARS with momentum and a scheduler that halves the rate every 2 steps,
+    6 steps of a 3-layer net (6 parameters) on `devices` CPU contexts: each
+    parameter's copies, per device."""
+    monkeypatch.setenv("MXNET_OPTIMIZER_AGGREGATION_SIZE", str(aggregate))
+    mx.random.seed(0)
+    net = mx.gluon.nn.HybridSequential()
+    for _ in range(3):
+        net.add(mx.gluon.nn.Dense(4, activation="relu"))
+    ctxs = [mx.cpu(i) for i in range(devices)]
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    sched = mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.1)
+    trainer = mx.gluon.Trainer(net.collect_params(), "lars",
+                               {"momentum": 0.9, "lr_scheduler": sched},
+                               kvstore=None if devices == 1 else "device",
+                               update_on_kvstore=False)
+    rng = np.random.RandomState(1)
+    for _ in range(6):
+        xs = mx.gluon.utils.split_and_load(rng.randn(4 * devices, 5).astype("f4"), ctxs)
+        with mx.autograd.record():
+            losses = [(net(x) ** 2).sum() for x in xs]
+        for loss in losses:
+            loss.backward()
+        trainer.step(4)
+    return [[p.data(c).asnumpy() for c in ctxs] for p in net.collect_params().values()]
+
+
+def test_lars_momentum_correction_reaches_every_weight_whatever_the_group_size(monkeypatch):
+    """LARS's momentum correction (the rate changed: momentum scaled by the
+    new rate over the last) reached only the weights of a step's first update
+    call: trained one weight at a time (mxnet_mpi's default in a job) or in
+    groups of 4 (MXNet's), the weights were not those of one group of all
+    six; on two devices, the second device's copies drifted from the first's."""
+    whole = lars_training(6, 1, monkeypatch)
+    for aggregate in (1, 4):
+        got = lars_training(aggregate, 1, monkeypatch)
+        for g, w in zip(got, whole):
+            np.testing.assert_array_equal(g[0], w[0])
+    for copies in lars_training(1, 2, monkeypatch):
+        np.testing.assert_array_equal(copies[0], copies[1])
 
 
 SAVE = """
