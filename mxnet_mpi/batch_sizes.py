@@ -101,9 +101,10 @@ class BatchSizes:
             raise MPIKVStoreError(
                 "mxnet_mpi: %sthe ranks' optimizer settings differ, so their weights would "
                 "drift apart (each rank updates its own copy); make them the same on every "
-                "rank. This rank (%s) has: %s" % (
+                "rank. This rank (%s) has: %s.%s" % (
                     self._what + ": " if self._what else "", _rank_text(),
-                    self._settings or "no optimizer"))
+                    self._settings or "no optimizer",
+                    optimizer_settings.advice(self._settings)))
         return float(self._view[0]), ranks
 
     def refuse_if_stale_elsewhere(self, params, ignore_stale_grad: bool, what: str) -> None:

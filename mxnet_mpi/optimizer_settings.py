@@ -130,6 +130,25 @@ def describe_params(name: str, params: dict) -> str:
     return ", ".join(fields)
 
 
+# Values an optimizer advances at each update of each device's copy of a
+# parameter (MXNet's Nadam: m_schedule), not once per step: ranks with
+# different numbers of devices hold different ones, however they are set.
+_PER_COPY = {"m_schedule": "Nadam"}
+
+
+def advice(text: str) -> str:
+    """What else to do where `text` (describe's) differs between the ranks: ""
+    unless it holds a value that depends on the number of devices."""
+    for name, owner in _PER_COPY.items():
+        if ", %s=" % name in text:
+            return (" Where the settings you gave are the same: %s's %s is not one; it "
+                    "advances at each update of each device's copy of a parameter, so ranks "
+                    "with different numbers of devices hold different values: give every "
+                    "rank the same number of devices, or use another optimizer"
+                    % (owner, name))
+    return ""
+
+
 def digest(text: str, bits: int) -> int:
     """A `bits`-bit digest of `text`; 0 for no text."""
     if not text:

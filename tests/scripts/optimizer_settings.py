@@ -300,6 +300,28 @@ def section_aggregate(res: Results) -> None:
                    "aggregate_num=%d" % opt.aggregate_num)
 
 
+def section_nadam_devices(res: Results) -> None:
+    """Nadam, equal settings, rank 1 on two devices: its m_schedule advances
+    at each device's update, so the ranks' updates differ. The error says
+    that the number of devices is the cause, not the user's settings."""
+    net, x, y = small_net_and_data(RANK)
+    ctxs = [mx.cpu(0), mx.cpu(1)] if OTHER else [mx.cpu(0)]
+    net.collect_params().reset_ctx(ctxs)
+    trainer = mx.gluon.Trainer(net.collect_params(), "nadam", {"learning_rate": 0.01},
+                               kvstore="mpi_" + MODE)
+
+    def run() -> None:
+        for _ in range(3):
+            xs = mx.gluon.utils.split_and_load(x, ctxs)
+            ys = mx.gluon.utils.split_and_load(y, ctxs)
+            with mx.autograd.record():
+                losses = [((net(a) - b) ** 2).sum() for a, b in zip(xs, ys)]
+            for loss in losses:
+                loss.backward()
+            trainer.step(8)
+    expect_refusal(res, run, "Trainer.step", "give every rank the same number of devices")
+
+
 def _mult(net) -> None:
     if OTHER:
         net[1].weight.lr_mult = 2.0
@@ -329,6 +351,7 @@ SECTION_FNS = {
             step=[3, 5] if OTHER else [2, 4], factor=0.5)},
         "step=%r" % ([3, 5] if OTHER else [2, 4])),
     "aggregate": section_aggregate,
+    "nadam_devices": section_nadam_devices,
     "rescale_grad": trainer_differs("sgd", {"learning_rate": 0.1,
                                             "rescale_grad": 0.5 if OTHER else 1.0},
                                     "trainer scale=%r" % (0.5 if OTHER else 1.0)),
