@@ -25,7 +25,7 @@ from .collectives import (
     check_same_layout,
     on_host,
 )
-from .consistency import check_after_writes
+from .consistency import check_after_writes, draws_noise
 from .errors import MPIKVStoreError
 from .joining import join_store, register
 from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
@@ -280,6 +280,12 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         finally:
             for k, grad in updates:
                 self._updater(k, grad, self._stored[k])
+            if updates and draws_noise(self._optimizer) and self.num_workers > 1:
+                # each rank drew its own noise: every rank takes rank 0's update
+                for k, _ in updates:
+                    self.internal_collective(_native.BROADCAST, self._stored[k],
+                                             "%s's update of key %r"
+                                             % (type(self._optimizer).__name__, k))
 
     def _after_writes(self, writers: int) -> None:
         """Some rank loaded optimizer states (load_optimizer_states), or the

@@ -372,7 +372,7 @@ def _patch_trainer() -> None:
             if isinstance(self._kvstore, MPIKVStore):
                 if not hasattr(self, "_mxmpi_check"):
                     self._mxmpi_check = PeriodicCheck()
-                self._mxmpi_check.tick(self, self._kvstore)
+                self._mxmpi_check.tick(self, self._kvstore, self._optimizer)
             return result
         return run
 
@@ -557,7 +557,8 @@ def _patch_module() -> None:
         if not hasattr(self, "_mxmpi_check"):
             self._mxmpi_check = PeriodicCheck()
         group = self._exec_group
-        self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)), self._kvstore)
+        self._mxmpi_check.tick(dict(zip(group.param_names, group.param_arrays)), self._kvstore,
+                               self._optimizer)
 
     orig_sync = Module._sync_params_from_devices
 

@@ -3,7 +3,8 @@ found and named, 'raise' raises, 'broadcast' restores bit-identical weights
 and optimizer states,
 the periodic setting runs it from Trainer.step and Module.update and leaves out
 a rank that joined, off it issues nothing, hybrid stores compare every rank,
-and bad settings are named errors."""
+and bad settings are named errors. An optimizer that draws noise in its
+update (SGLD) leaves every rank with rank 0's update."""
 
 import re
 import sys
@@ -138,3 +139,15 @@ def test_hybrid_store_compares_the_ranks_of_its_group():
     want = {"type": "dist_sync_mpi", "group": "2", "found": "['dense1_weight']",
             "warned": "True", "after": "[]"}
     assert results(proc.stdout) == [want] * 2, proc.stdout[-4000:]
+
+
+def test_noisy_optimizer_keeps_ranks_and_devices_alike():
+    """SGLD adds noise in each update: ranks seeded apart (as for Dropout), and
+    a rank's two devices, drew their own and drifted apart silently. Every
+    rank now takes rank 0's update, through a Trainer, a Module and the
+    store's own optimizer, which also matches one process seeded as rank 0."""
+    proc = run_pooled("noisy_updates.py", 2, timeout=180)
+    got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    want = ["RESULT %s ranks_alike=True devices_alike=True one_process=%s" % (path, one)
+            for path, one in (("trainer", True), ("module", True), ("store", "n/a"))]
+    assert got == sorted(want * 2), proc.stdout + proc.stderr[-3000:]
