@@ -332,7 +332,8 @@ class PeriodicCheck:
             # different noise; so do a rank's devices): every rank takes rank
             # 0's update, as every worker takes a parameter server's one.
             params = target._params if isinstance(target, mx.gluon.Trainer) else target
-            broadcast_from(store, 0, params, why="%s's update" % type(optimizer).__name__)
+            broadcast_from(store, 0, params, why="%s's update" % type(optimizer).__name__,
+                           workers=True)
         if self.period <= 0:
             return
         self.count += 1
