@@ -12,7 +12,7 @@ import numpy as np
 from . import joining
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import allreduce_in_place, rank_table
-from .consistency import check_trainer_after_writes
+from .consistency import check_trainer_after_writes, draws_noise
 from .deferred import settle_deferred
 from .horovod_collectives import Sum, allreduce_, broadcast_, grouped_allreduce_
 from .horovod_state import ProcessSet, _state, _stream_of, global_process_set, size, split_list
@@ -169,17 +169,32 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             b"DistributedOptimizer update %d" % self._updates,
             lambda: describe(opt, opt.rescale_grad, "rescale_grad"))
 
+    def _share_noisy_update(self, index, weight) -> None:
+        """An optimizer that draws noise in its update (SGLD) drew its own on
+        each rank: every rank of the set takes its first rank's update (an
+        mxnet_mpi extension; Horovod's ranks drift apart)."""
+        ps = self._process_set
+        if not draws_noise(self._optimizer) or ps.size() == 1 or not ps.included():
+            return
+        indices = index if isinstance(index, (tuple, list)) else [index]
+        weights = weight if isinstance(weight, (tuple, list)) else [weight]
+        for i, w in zip(indices, weights):
+            broadcast_(w, root_rank=ps.ranks[0], name="DistributedOptimizer noisy update %s"
+                       % (i,), process_set=ps)
+
     def update(self, index, weight, grad, state):
         if self._process_set.included():
             self._compare_settings()
             self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
+        self._share_noisy_update(index, weight)
 
     def update_multi_precision(self, index, weight, grad, state):
         if self._process_set.included():
             self._compare_settings()
             self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
+        self._share_noisy_update(index, weight)
 
     def set_learning_rate(self, lr):
         self._optimizer.set_learning_rate(lr)
@@ -291,6 +306,14 @@ class DistributedTrainer(mx.gluon.Trainer):
             if ignore_stale_grad:
                 self._fresh.apply(self._params)   # the same parameters on every rank
         super()._update(ignore_stale_grad)
+        ps = self._process_set
+        if draws_noise(self._optimizer) and ps.size() > 1 and ps.included():
+            # SGLD drew its own noise on each rank and device: every rank of
+            # the set takes its first rank's update (an mxnet_mpi extension)
+            for i, param in enumerate(self._params):
+                if param._data is not None:
+                    _broadcast_param(param, ps.ranks[0], "DistributedTrainer noisy update %d"
+                                     % i, ps)
 
     def _allreduce_grads(self):
         ps = self._process_set

@@ -144,10 +144,12 @@ def test_hybrid_store_compares_the_ranks_of_its_group():
 def test_noisy_optimizer_keeps_ranks_and_devices_alike():
     """SGLD adds noise in each update: ranks seeded apart (as for Dropout), and
     a rank's two devices, drew their own and drifted apart silently. Every
-    rank now takes rank 0's update, through a Trainer, a Module and the
-    store's own optimizer, which also matches one process seeded as rank 0."""
+    rank now takes rank 0's update, through a Trainer, a Module, the store's
+    own optimizer and the Horovod-style trainers; through a Trainer and a
+    Module it matches one process seeded as rank 0."""
     proc = run_pooled("noisy_updates.py", 2, timeout=180)
     got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     want = ["RESULT %s ranks_alike=True devices_alike=True one_process=%s" % (path, one)
-            for path, one in (("trainer", True), ("module", True), ("store", "n/a"))]
+            for path, one in (("trainer", True), ("module", True), ("store", "n/a"),
+                              ("hvd_trainer", "n/a"), ("hvd_optimizer", "n/a"))]
     assert got == sorted(want * 2), proc.stdout + proc.stderr[-3000:]

@@ -1,8 +1,9 @@
 """SGLD (noise in every update) on ranks seeded apart, as for Dropout, with
-rank 1 on two devices: after 4 steps, through a Trainer, a Module and the
-store's own optimizer (kv.set_optimizer, push, pull), every rank and device
-holds the same weights, and each matches one process seeded as rank 0,
-training on the whole batch on one device.
+rank 1 on two devices: after 4 steps, through a Trainer, a Module, the
+store's own optimizer (kv.set_optimizer, push, pull) and mxnet_mpi.horovod's
+DistributedTrainer and DistributedOptimizer, every rank and device holds the
+same weights; through a Trainer and a Module they match one process seeded
+as rank 0, training on the whole batch on one device.
 
   mpirun -np 2 python noisy_updates.py
 
@@ -74,7 +75,32 @@ def store_weights(kvstore, ctxs, rows) -> list:
     return [[w.asnumpy()]]
 
 
-PATHS = {"trainer": trainer_weights, "module": module_weights, "store": store_weights}
+def hvd_weights(kind: str):
+    def run(kvstore, ctxs, rows) -> list:
+        import mxnet_mpi.horovod as hvd
+        hvd.init()
+        net = mx.gluon.nn.Dense(3, in_units=5)
+        net.initialize(mx.init.Constant(0.1), ctx=ctxs)
+        if kind == "trainer":
+            trainer = hvd.DistributedTrainer(net.collect_params(), "sgld",
+                                             {"learning_rate": 0.01})
+        else:   # one device: Horovod's DistributedOptimizer updates the first only
+            ctxs = ctxs[:1]
+            net.collect_params().reset_ctx(ctxs)
+            opt = hvd.DistributedOptimizer(mx.optimizer.create("sgld", learning_rate=0.01))
+            trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
+        for step in range(STEPS):
+            xs = mx.gluon.utils.split_and_load(X[step, rows], ctxs)
+            with mx.autograd.record():
+                losses = [(net(x) ** 2).sum() for x in xs]
+            mx.autograd.backward(losses)
+            trainer.step(BATCH)
+        return [[p.data(c).asnumpy() for c in ctxs] for p in net.collect_params().values()]
+    return run
+
+
+PATHS = {"trainer": trainer_weights, "module": module_weights, "store": store_weights,
+         "hvd_trainer": hvd_weights("trainer"), "hvd_optimizer": hvd_weights("optimizer")}
 
 for path, run in PATHS.items():
     ctxs = [mx.cpu(i) for i in range(1 + RANK)]
@@ -85,12 +111,10 @@ for path, run in PATHS.items():
     mxnet_mpi.allreduce_(total)
     ranks_alike = bool(np.array_equal(total.asnumpy(), flat * SIZE))
     devices_alike = all(np.array_equal(c, copies[0]) for copies in mine for c in copies)
-    seeded(0)
-    # the store path's gradients are rank 0's rows (its one device), summed over ranks
-    ref = run(None, [mx.cpu(0)], slice(None) if path != "store" else slice(0, BATCH))
-    if path == "store":
-        one = None   # a sum over ranks of different rows: no one-process twin
-    else:
+    one = None   # the store's sum of the ranks' gradients, Horovod's mean: no twin here
+    if path in ("trainer", "module"):
+        seeded(0)
+        ref = run(None, [mx.cpu(0)], slice(None))
         one = max(float(np.abs(c[0] - r[0]).max()) for c, r in zip(mine, ref))
     print("RESULT %s ranks_alike=%s devices_alike=%s one_process=%s"
           % (path, ranks_alike, devices_alike, "n/a" if one is None else one < 1e-6),
