@@ -30,6 +30,11 @@ def trainer_weights(kvstore, ctxs, rows) -> list:
     net.initialize(mx.init.Constant(0.1), ctx=ctxs)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgld", {"learning_rate": 0.01},
                                kvstore=kvstore)
+    return gluon_steps(net, trainer, ctxs, rows)
+
+
+def gluon_steps(net, trainer, ctxs, rows) -> list:
+    """STEPS steps of `rows` split over `ctxs`: each parameter's copies."""
     for step in range(STEPS):
         xs = mx.gluon.utils.split_and_load(X[step, rows], ctxs)
         with mx.autograd.record():
@@ -89,13 +94,7 @@ def hvd_weights(kind: str):
             net.collect_params().reset_ctx(ctxs)
             opt = hvd.DistributedOptimizer(mx.optimizer.create("sgld", learning_rate=0.01))
             trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
-        for step in range(STEPS):
-            xs = mx.gluon.utils.split_and_load(X[step, rows], ctxs)
-            with mx.autograd.record():
-                losses = [(net(x) ** 2).sum() for x in xs]
-            mx.autograd.backward(losses)
-            trainer.step(BATCH)
-        return [[p.data(c).asnumpy() for c in ctxs] for p in net.collect_params().values()]
+        return gluon_steps(net, trainer, ctxs, rows)
     return run
 
 
