@@ -302,7 +302,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
 
     def allreduce_params(self, params, update_on_kvstore: bool, batch_size=None,
                          what: str | None = None, settings: str = "",
-                         flags: int = 0, skip=frozenset()):
+                         flags: int = 0, skip=frozenset(), owner: str = ""):
         """Trainer's step, in phases that keep every MPI collective of the step
         ahead of the broadcasts waiting on the servers: dense group allreduces
         (last parameter first, as backprop makes them ready) and their pushes,
@@ -310,7 +310,8 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         With `batch_size` (local updates: the servers return sums), the batch
         sizes are summed over the world first (the optimizer `settings`
         compared); returns them. `skip`: indices of parameters to leave out
-        (fresh on no rank, ignore_stale_grad=True), the same on every rank."""
+        (fresh on no rank, ignore_stale_grad=True), the same on every rank.
+        `owner`: which of the store's Trainers this is (owned_by)."""
         if not update_on_kvstore and self._optimizer is not None:
             # the servers would return updated weights where the Trainer reads sums
             raise MPIKVStoreError("kvstore '%s' already runs an optimizer on its servers "
@@ -321,7 +322,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
             self._check_optimizer_unchanged()
         agreed = (self.batch_agreement(batch_size, what, settings, flags)
                   if batch_size is not None else None)
-        with self.serving(what):
+        with self.serving(what), self.owned_by(owner):
             self._allreduce_phases(params, update_on_kvstore, skip)
         return agreed
 

@@ -289,16 +289,24 @@ _stores: weakref.WeakSet = weakref.WeakSet()
 _trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # store -> [weakref]
 _modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # store -> [weakref]
 _outside: weakref.WeakSet = weakref.WeakSet()   # trainers that reduce outside any store
+_attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # store -> how many
 
 
-def attach(store, trainer, module: bool = False) -> None:
+def attach(store, trainer, module: bool = False) -> str:
     """Remember that `trainer` (with `module`, a Module: init_optimizer)
     updates through `store`: join() on the store brings its parameters and
     optimizer states up to date too (for a Module, a loop of one's own around
-    Module.update; Module.fit joins by itself)."""
+    Module.update; Module.fit joins by itself). Returns its owner text for
+    store_glue.owned_by: "" for the store's first Trainer or Module, else its
+    place in the order they were attached (the same on every rank)."""
     refs = (_modules if module else _trainers).setdefault(store, [])
     if not any(r() is trainer for r in refs):
         refs.append(weakref.ref(trainer))
+        _attached[store] = _attached.get(store, 0) + 1
+        trainer._mxmpi_owner = "" if _attached[store] == 1 else (
+            " for the store's %s %d (of its Trainers and Modules, in the order they were "
+            "made)" % ("Module" if module else "Trainer", _attached[store]))
+    return getattr(trainer, "_mxmpi_owner", "")
 
 
 def attached_modules(store) -> list:

@@ -64,20 +64,23 @@ def check_optimizer(optimizer) -> None:
 class KeyInfo:
     """The layout of a key (from its first use) and its descriptions."""
 
-    __slots__ = ("key", "shape", "dtype", "_descs")
+    __slots__ = ("key", "shape", "dtype", "_descs", "_book")
 
-    def __init__(self, key: Key, shape: tuple, dtype) -> None:
+    def __init__(self, key: Key, shape: tuple, dtype, book: KeyBook | None = None) -> None:
         self.key = key
         self.shape = shape
         self.dtype = np.dtype(dtype)
         self._descs: dict = {}
+        self._book = book
 
     def desc(self, verb: str) -> str:
-        """What ranks agree on for `verb` of this key (key, shape, dtype)."""
-        text = self._descs.get(verb)
+        """What ranks agree on for `verb` of this key (key, shape, dtype, and
+        the user of the store it serves now: KeyBook.owner)."""
+        owner = self._book.owner if self._book is not None else ""
+        text = self._descs.get((verb, owner))
         if text is None:
-            text = self._descs[verb] = "%s key=%r shape=%s %s" % (verb, self.key, self.shape,
-                                                                   self.dtype)
+            text = self._descs[verb, owner] = "%s key=%r shape=%s %s%s" % (
+                verb, self.key, self.shape, self.dtype, owner)
         return text
 
     @property
@@ -94,6 +97,12 @@ class KeyBook:
     def __init__(self) -> None:
         self._keys: dict = {}
         self._names: dict = {}   # key -> parameter name
+        # Which of the store's Trainers or Modules the calls now serve ("" for
+        # the first; store_glue.owned_by): part of what the ranks agree on, so
+        # ranks that step two Trainers sharing one store in different orders
+        # (the same keys and shapes) fail instead of summing one's gradients
+        # into the other's.
+        self.owner = ""
 
     def get(self, key: Key) -> KeyInfo | None:
         return self._keys.get(key)
@@ -132,7 +141,7 @@ class KeyBook:
         shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
         info = self._keys.get(key)
         if info is None:
-            info = self._keys[key] = KeyInfo(key, shape, dtype)
+            info = self._keys[key] = KeyInfo(key, shape, dtype, self)
         elif info.shape != shape or info.dtype != dtype:
             raise MPIKVStoreError("%s was first used with shape %s and dtype %s, now %s "
                                   "and %s" % (self.what(key), info.shape, info.dtype, shape,
@@ -147,9 +156,10 @@ class KeyBook:
             shape, dtype, desc = info.shape, info.dtype, info.desc(verb)
         elif isinstance(value, mx.nd.NDArray) and np.dtype(value.dtype) in DTYPE_CODES:
             shape, dtype = tuple(value.shape), np.dtype(value.dtype)
-            desc = "%s key=%r shape=%s %s" % (verb, key, shape, dtype)
+            desc = "%s key=%r shape=%s %s%s" % (verb, key, shape, dtype, self.owner)
         else:
-            shape, dtype, desc = (), np.dtype(np.float32), "%s key=%r" % (verb, key)
+            shape, dtype, desc = (), np.dtype(np.float32), "%s key=%r%s" % (verb, key,
+                                                                           self.owner)
         return token_call(op, dtype, [shape], desc, "key %r" % (key,), reason, self.name(key))
 
 

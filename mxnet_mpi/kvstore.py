@@ -209,7 +209,7 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
             return
         fast = self._fast.get(key) if type(key) in (int, str) else None
         if (fast is not None and fast[0] is value and fast[1] is out and fast[2] == priority
-                and not self._closed):
+                and fast[5] == self._keys.owner and not self._closed):
             # The same arrays as last time: the native side checks their layout.
             self._stream.push_raw(fast[3], 1, self._context)
             return
@@ -218,7 +218,8 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
                 and len(self._last_calls) == 1 and not staging.needs_staging(value) \
                 and (out is None or (isinstance(out, mx.nd.NDArray) and on_host(out))):
             call = self._last_calls[0]
-            self._fast[key] = (value, out, priority, ctypes.pointer(call.desc), call)
+            self._fast[key] = (value, out, priority, ctypes.pointer(call.desc), call,
+                               self._keys.owner)
 
     def _reduce(self, groups: list, priority_of) -> None:
         def build(k, values, outs):

@@ -325,7 +325,8 @@ def _patch_trainer() -> None:
             fresh_counts(self, kv)
             counts = self._mxmpi_fresh.counts()
             skip = frozenset(i for i, c in enumerate(counts) if c == 0)
-        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, flags, skip=skip)
+        agreed = kv.allreduce_params(self._params, uok, batch, what, settings, flags, skip=skip,
+                                     owner=getattr(self, "_mxmpi_owner", ""))
         if agreed is not None:
             self._mxmpi_agreed = agreed
 
@@ -551,7 +552,8 @@ def _patch_module() -> None:
         self._mxmpi_count = getattr(self, "_mxmpi_count", 0) + 1
         kv = self._kvstore
         what = "Module.update %d" % self._mxmpi_count
-        with kv.serving(what + ": gradient allreduce"):
+        with kv.serving(what + ": gradient allreduce"), \
+                kv.owned_by(getattr(self, "_mxmpi_owner", "")):
             _module_checks(self, kv, what)
             orig_update_module(self)
         if not hasattr(self, "_mxmpi_check"):

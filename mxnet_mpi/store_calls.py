@@ -147,8 +147,8 @@ class StoreCalls:
         sizes = staging.chunk_sizes(shape, dtype)
         if len(sizes) == 1:
             return [token]
-        desc = info.desc(verb) if info is not None else "%s key=%r shape=%s %s" % (
-            verb, key, tuple(shape), np.dtype(dtype))
+        desc = info.desc(verb) if info is not None else "%s key=%r shape=%s %s%s" % (
+            verb, key, tuple(shape), np.dtype(dtype), self._keys.owner)
         return [token_call(op, dtype, [(n,)], "%s chunk %d/%d" % (desc, i + 1, len(sizes)),
                            "key %r" % (key,), reason, self._keys.name(key))
                 for i, n in enumerate(sizes)]

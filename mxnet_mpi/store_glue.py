@@ -51,6 +51,19 @@ class FrameworkGlue:
         finally:
             self._context = before
 
+    @contextlib.contextmanager
+    def owned_by(self, owner: str):
+        """The keys' collectives pushed inside the block serve `owner` (""
+        for the store's first Trainer or Module, else its ordinal:
+        joining.attach), which the ranks compare with the rest of each
+        collective's description."""
+        before = self._keys.owner
+        self._keys.owner = owner
+        try:
+            yield
+        finally:
+            self._keys.owner = before
+
     def name_keys(self, names: dict) -> None:
         """Key -> parameter name, printed in messages about the key's collectives."""
         for key, name in names.items():
@@ -142,7 +155,7 @@ class FrameworkGlue:
 
     def allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size=None,
                          what: str | None = None, settings: str = "",
-                         flags: int = 0, skip=frozenset()) -> BatchSizes | None:
+                         flags: int = 0, skip=frozenset(), owner: str = "") -> BatchSizes | None:
         """Trainer's gradient reduction, issued last parameter first: backprop
         makes gradients ready from the output layer back, so collectives follow
         readiness instead of waiting for the input layer. Built once, then one
@@ -152,7 +165,14 @@ class FrameworkGlue:
         collective that can carry them, or one of their own pushed first):
         returns them, for the rule's mean, with the ranks' optimizer `settings`
         compared. `what` names the call in messages. `skip`: indices left out
-        where the servers update (update_on_kvstore; the hybrid stores)."""
+        where the servers update (update_on_kvstore; the hybrid stores).
+        `owner`: which of the store's Trainers this is (owned_by)."""
+        with self.owned_by(owner):
+            return self._allreduce_params(params, update_on_kvstore, batch_size, what,
+                                          settings, flags)
+
+    def _allreduce_params(self, params: Sequence, update_on_kvstore: bool, batch_size,
+                          what: str | None, settings: str, flags: int) -> BatchSizes | None:
         self._usable()
         self._reductions += 1
         context = what.encode() if what else None

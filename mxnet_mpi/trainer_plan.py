@@ -56,7 +56,7 @@ class TrainerPlan:
         grads = [p._grad for _, p in live]
         if not all(g for g in grads):
             return False
-        fingerprint = tuple(id(a) for g in grads for a in g)
+        fingerprint = (self._store._keys.owner,) + tuple(id(a) for g in grads for a in g)
         rebuild = fingerprint != self._fingerprint
         if rebuild and any(a.stype != "default" or staging.needs_staging(a)
                            for g in grads for a in g):
@@ -157,7 +157,8 @@ class TrainerPlan:
         if len(group) == 1:
             desc, label = group[0][2].desc("allreduce"), "key %r" % (keys[0],)
         else:
-            desc = "allreduce keys=%s shapes=%s %s" % (keys, tuple(shapes), np.dtype(dtype))
+            desc = "allreduce keys=%s shapes=%s %s%s" % (keys, tuple(shapes), np.dtype(dtype),
+                                                         store._keys.owner)
             label = "keys %s" % (keys,)
         if batch_sizes is not None:
             grads, shapes = grads + [batch_sizes.array], shapes + [(SIZE,)]

@@ -8,7 +8,7 @@ import ast
 
 import numpy as np
 import pytest
-from mpirun import SCRIPTS
+from mpirun import SCRIPTS, run_mpi
 from pool import run_pooled
 from pslite import parameter_server, run_workers
 
@@ -109,3 +109,16 @@ def test_frozen_sparse_embedding_trains_and_unfreezing_it_is_refused():
     got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     assert got == ["RESULT %d same=True unfrozen=refused:True" % r for r in range(2)], \
         proc.stdout + proc.stderr[-3000:]
+
+
+def test_trainers_sharing_one_store_are_paired_by_trainer():
+    """Two Trainers of same-shape nets on one store object: stepped in the same
+    order on every rank, each net gets its own sums; in different orders on
+    different ranks, one net's gradients were summed into the other's on
+    every rank, silently (the collectives' keys and shapes matched). Now every
+    rank raises, naming the store's second Trainer."""
+    proc = run_mpi("shared_store.py", 2, "same,order", timeout=120)
+    got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    want = sorted("RESULT %d %s" % (r, c) for r in (0, 1)
+                  for c in ("same matches", "order refused"))
+    assert got == want, proc.stdout + proc.stderr[-3000:]
