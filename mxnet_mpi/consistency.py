@@ -309,16 +309,9 @@ def check_after_writes(weights: list, optimizer, updater,
            ", ".join(map(str, rows.ranks_differing(bad[0]))), rows.ranks[0], outcome, remedy))
 
 
-def draws_noise(optimizer) -> bool:
-    """Whether `optimizer`'s update draws random numbers: MXNet's SGLD adds
-    Gaussian noise to every weight it updates."""
-    return isinstance(optimizer, mx.optimizer.SGLD)
-
-
 class PeriodicCheck:
-    """After each of a trainer's (or module's) updates: where its optimizer
-    draws noise, rank 0's updated weights to every rank; every
-    $MXNET_MPI_CONSISTENCY_EVERY updates, the check."""
+    """Counts a trainer's (or module's) updates and runs the check every
+    $MXNET_MPI_CONSISTENCY_EVERY of them."""
 
     def __init__(self) -> None:
         self.period = every()
@@ -326,14 +319,7 @@ class PeriodicCheck:
         if self.period > 0:
             default_action()   # a misspelt action fails at the first step, not the Nth
 
-    def tick(self, target, store, optimizer=None) -> None:
-        if draws_noise(optimizer) and store.num_workers > 1:
-            # Each rank drew its own noise (ranks seeded apart for Dropout draw
-            # different noise; so do a rank's devices): every rank takes rank
-            # 0's update, as every worker takes a parameter server's one.
-            params = target._params if isinstance(target, mx.gluon.Trainer) else target
-            broadcast_from(store, 0, params, why="%s's update" % type(optimizer).__name__,
-                           workers=True)
+    def tick(self, target, store) -> None:
         if self.period <= 0:
             return
         self.count += 1

@@ -12,11 +12,12 @@ import numpy as np
 from . import joining
 from .batch_sizes import BatchSizes, SettingsComparison, step_flags
 from .collectives import allreduce_in_place, rank_table
-from .consistency import check_trainer_after_writes, draws_noise
+from .consistency import check_trainer_after_writes
 from .deferred import settle_deferred
 from .horovod_collectives import Sum, allreduce_, broadcast_, grouped_allreduce_
 from .horovod_state import ProcessSet, _state, _stream_of, global_process_set, size, split_list
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
+from .optimizer_fixes import share_noise
 from .optimizer_settings import describe
 from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
@@ -169,32 +170,22 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             b"DistributedOptimizer update %d" % self._updates,
             lambda: describe(opt, opt.rescale_grad, "rescale_grad"))
 
-    def _share_noisy_update(self, index, weight) -> None:
-        """An optimizer that draws noise in its update (SGLD) drew its own on
-        each rank: every rank of the set takes its first rank's update (an
-        mxnet_mpi extension; Horovod's ranks drift apart)."""
-        ps = self._process_set
-        if not draws_noise(self._optimizer) or ps.size() == 1 or not ps.included():
-            return
-        indices = index if isinstance(index, (tuple, list)) else [index]
-        weights = weight if isinstance(weight, (tuple, list)) else [weight]
-        for i, w in zip(indices, weights):
-            broadcast_(w, root_rank=ps.ranks[0], name="DistributedOptimizer noisy update %s"
-                       % (i,), process_set=ps)
+    def _before_update(self) -> None:
+        self._compare_settings()
+        if self._process_set.size() > 1:
+            share_noise(self._optimizer)   # SGLD: the same noise on every rank
 
     def update(self, index, weight, grad, state):
         if self._process_set.included():
-            self._compare_settings()
+            self._before_update()
             self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
-        self._share_noisy_update(index, weight)
 
     def update_multi_precision(self, index, weight, grad, state):
         if self._process_set.included():
-            self._compare_settings()
+            self._before_update()
             self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
-        self._share_noisy_update(index, weight)
 
     def set_learning_rate(self, lr):
         self._optimizer.set_learning_rate(lr)
@@ -305,15 +296,10 @@ class DistributedTrainer(mx.gluon.Trainer):
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
             if ignore_stale_grad:
                 self._fresh.apply(self._params)   # the same parameters on every rank
-        super()._update(ignore_stale_grad)
         ps = self._process_set
-        if draws_noise(self._optimizer) and ps.size() > 1 and ps.included():
-            # SGLD drew its own noise on each rank and device: every rank of
-            # the set takes its first rank's update (an mxnet_mpi extension)
-            for i, param in enumerate(self._params):
-                if param._data is not None:
-                    _broadcast_param(param, ps.ranks[0], "DistributedTrainer noisy update %d"
-                                     % i, ps)
+        if ps.size() > 1 and ps.included():
+            share_noise(self._optimizer)   # SGLD: the same noise on every rank
+        super()._update(ignore_stale_grad)
 
     def _allreduce_grads(self):
         ps = self._process_set

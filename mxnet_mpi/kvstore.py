@@ -25,10 +25,11 @@ from .collectives import (
     check_same_layout,
     on_host,
 )
-from .consistency import check_after_writes, draws_noise
+from .consistency import check_after_writes
 from .errors import MPIKVStoreError
 from .joining import join_store, register
 from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
+from .optimizer_fixes import share_noise
 from .optimizer_settings import describe
 from .store_calls import SPARSE_HINT, StoreCalls
 from .store_glue import SETTINGS_COLLECTIVES, FrameworkGlue
@@ -279,14 +280,10 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
         try:
             self._run(groups, build, _native.ALLREDUCE, "allreduce")
         finally:
+            if updates and self.num_workers > 1:
+                share_noise(self._updater.optimizer)   # SGLD: the same noise on every rank
             for k, grad in updates:
                 self._updater(k, grad, self._stored[k])
-            if updates and draws_noise(self._optimizer) and self.num_workers > 1:
-                # each rank drew its own noise: every rank takes rank 0's update
-                for k, _ in updates:
-                    self.internal_collective(_native.BROADCAST, self._stored[k],
-                                             "%s's update of key %r"
-                                             % (type(self._optimizer).__name__, k))
 
     def _after_writes(self, writers: int) -> None:
         """Some rank loaded optimizer states (load_optimizer_states), or the

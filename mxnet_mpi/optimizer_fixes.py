@@ -20,6 +20,17 @@ at a time, the first device's copies only (the others' then differ from it).
 Here the rates move once per step, and every weight of the step, on every
 device, gets the correction, whatever the group size.
 
+SGLD adds Gaussian noise to every weight it updates, drawn from MXNet's
+random generator: where each rank (and each device) updates its own copy,
+ranks seeded apart (as for Dropout) or holding different numbers of devices
+drew different noise and drifted apart silently. An optimizer that
+mxnet_mpi's stores (or mxnet_mpi.horovod) use across several ranks is marked
+(share_noise), and its SGLD update then draws the noise from a generator
+seeded by the weight's bytes after the gradient step, the parameter and its
+update count, which are the same on every rank and device: the copies stay
+alike, float32 master copies included, with nothing sent, whatever ranks
+join early.
+
 MXNet's own stores get the mended updates too: they are the optimizer's, not
 the store's.
 
@@ -34,9 +45,12 @@ and MXNet's unmended LAMB, silently.
 from __future__ import annotations
 
 import functools
+import hashlib
+import math
 import os
 
 import mxnet as mx
+import numpy as np
 
 from _mxnet_mpi_autoload import AGGREGATION_VAR, SET_HERE
 
@@ -77,6 +91,45 @@ def _lars_rates_per_step(orig):
     return _get_lrs
 
 
+def share_noise(optimizer) -> None:
+    """Mark `optimizer` as updating copies of the weights that several ranks
+    keep alike: its noise, where it draws any (SGLD), is the same on each."""
+    optimizer._mxmpi_shared_noise = True
+
+
+def _shared_noise(opt, index, weight, lr: float):
+    """SGLD's N(0, lr) noise for `weight`, from its bytes after the gradient
+    step, its parameter (a Trainer's position; a Module's name, the same for
+    each device's index) and its update count."""
+    params = getattr(opt, "param_dict", None) or {}
+    ident = index if index in params else opt.idx2name.get(index, index)
+    digest = hashlib.blake2b(repr((ident, opt._index_update_count.get(index))).encode(),
+                             digest_size=16)
+    digest.update(np.ascontiguousarray(weight.asnumpy()).tobytes())
+    rng = np.random.default_rng(np.frombuffer(digest.digest(), dtype=np.uint32))
+    noise = rng.standard_normal(weight.shape, dtype=np.float32) * np.float32(math.sqrt(lr))
+    return mx.nd.array(noise, ctx=weight.context, dtype=weight.dtype)
+
+
+def _sgld_shared(orig):
+    @functools.wraps(orig)
+    def update(self, index, weight, grad, state):
+        if not getattr(self, "_mxmpi_shared_noise", False):
+            return orig(self, index, weight, grad, state)
+        # MXNet 1.9's SGLD update, its noise drawn by _shared_noise
+        assert isinstance(weight, mx.nd.NDArray) and isinstance(grad, mx.nd.NDArray)
+        self._update_count(index)
+        lr = self._get_lr(index)
+        wd = self._get_wd(index)
+        grad = grad * self.rescale_grad
+        if self.clip_gradient is not None:
+            grad = mx.nd.clip(grad, -self.clip_gradient, self.clip_gradient)
+        weight[:] += - lr / 2 * (grad + wd * weight)
+        weight[:] += _shared_noise(self, index, weight, lr)
+        return None
+    return update
+
+
 # The group size mxnet_mpi chose, in a saved optimizer's state
 MARK = "_mxnet_mpi_aggregate_num"
 
@@ -111,6 +164,8 @@ def _saving(orig):
     @functools.wraps(orig)
     def __getstate__(self):
         state = orig(self)
+        if "_mxmpi_shared_noise" in state:   # a mark of the job that saved it
+            state = {k: v for k, v in state.items() if k != "_mxmpi_shared_noise"}
         chosen, default = _chosen_here(), _mxnet_default(self)
         if chosen is not None and default is not None and \
                 state.get("aggregate_num") == int(chosen):
@@ -138,6 +193,8 @@ def apply() -> None:
     lamb._update_impl = _mended_lamb(lamb._update_impl)
     lars = mx.optimizer.LARS
     lars._get_lrs = _lars_rates_per_step(lars._get_lrs)
+    sgld = mx.optimizer.SGLD
+    sgld.update = _sgld_shared(sgld.update)
     base = mx.optimizer.Optimizer
     base.__getstate__ = _saving(base.__getstate__)
     base.__setstate__ = _loading(base.__setstate__)

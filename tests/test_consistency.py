@@ -4,7 +4,7 @@ and optimizer states,
 the periodic setting runs it from Trainer.step and Module.update and leaves out
 a rank that joined, off it issues nothing, hybrid stores compare every rank,
 and bad settings are named errors. An optimizer that draws noise in its
-update (SGLD) leaves every rank with rank 0's update."""
+update (SGLD) draws the same on every rank."""
 
 import re
 import sys
@@ -143,13 +143,13 @@ def test_hybrid_store_compares_the_ranks_of_its_group():
 
 def test_noisy_optimizer_keeps_ranks_and_devices_alike():
     """SGLD adds noise in each update: ranks seeded apart (as for Dropout), and
-    a rank's two devices, drew their own and drifted apart silently. Every
-    rank now takes rank 0's update, through a Trainer, a Module, the store's
-    own optimizer and the Horovod-style trainers; through a Trainer and a
-    Module it matches one process seeded as rank 0."""
+    a rank's two devices, drew their own and drifted apart silently. The
+    noise now comes from what every rank holds alike, through a Trainer, a
+    Module, the store's own optimizer and the Horovod-style trainers, with
+    float32 master copies, and where rank 0 joins first; and it is noise."""
     proc = run_pooled("noisy_updates.py", 2, timeout=180)
     got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    want = ["RESULT %s ranks_alike=True devices_alike=True one_process=%s" % (path, one)
-            for path, one in (("trainer", True), ("module", True), ("store", "n/a"),
-                              ("hvd_trainer", "n/a"), ("hvd_optimizer", "n/a"))]
+    want = ["RESULT %s ranks_alike=True devices_alike=True noisy=True" % path
+            for path in ("trainer", "module", "store", "join", "hvd_trainer", "hvd_optimizer")]
+    want.append("RESULT fp16 ranks_alike=True masters_alike=True")
     assert got == sorted(want * 2), proc.stdout + proc.stderr[-3000:]
