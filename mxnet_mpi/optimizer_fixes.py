@@ -11,6 +11,14 @@ value, and training goes nowhere, silently. The grouped update
 LAMB's float32 update on the master copy and writes the float16 weight from
 it, which is what the grouped update computes.
 
+An optimizer's step number (``num_update``, what a scheduler is asked for the
+rate) is the highest update count among the weights updated so far. Updating
+one weight at a time, a step whose first weights had skipped steps
+(``ignore_stale_grad=True``, a branch not taken) updated them at the last
+step's rate, where a group holding any other weight moves the number first.
+Here the updater moves it for all the weights it is given, before their
+updates, as one group of them all would.
+
 LARS with momentum and ``momentum_correction=True`` (its default) scales the
 momentum by this step's learning rate over the last step's, where a
 scheduler or ``set_learning_rate`` changed it. MXNet 1.9 moves "the last
@@ -72,6 +80,23 @@ def _mended_lamb(orig):
         weight[:] = master.astype(weight.dtype)
         return None
     return _update_impl
+
+
+def _step_first(orig):
+    @functools.wraps(orig)
+    def __call__(self, index, grad, weight):
+        opt = self.optimizer
+        inner = vars(opt).get("_optimizer")   # a wrapper's (mxnet_mpi.horovod, Horovod)
+        if isinstance(inner, mx.optimizer.Optimizer):
+            opt = inner
+        indices = index if isinstance(index, (list, tuple)) else [index]
+        weights = weight if isinstance(weight, (list, tuple)) else [weight]
+        if len(indices) > 1 and weights and isinstance(weights[0], mx.nd.NDArray):
+            counts = opt._all_index_update_counts.get(weights[0].context.device_id, {})
+            opt.num_update = max([opt.num_update] + [
+                counts.get(i, opt.begin_num_update) + 1 for i in indices])
+        return orig(self, index, grad, weight)
+    return __call__
 
 
 def _lars_rates_per_step(orig):
@@ -195,6 +220,8 @@ def apply() -> None:
     lars._get_lrs = _lars_rates_per_step(lars._get_lrs)
     sgld = mx.optimizer.SGLD
     sgld.update = _sgld_shared(sgld.update)
+    updater = mx.optimizer.Updater
+    updater.__call__ = _step_first(updater.__call__)
     base = mx.optimizer.Optimizer
     base.__getstate__ = _saving(base.__getstate__)
     base.__setstate__ = _loading(base.__setstate__)

@@ -114,6 +114,44 @@ def test_lars_momentum_correction_reaches_every_weight_whatever_the_group_size(m
         np.testing.assert_array_equal(copies[0], copies[1])
 
 
+class Branch(mx.gluon.Block):
+    """Parameters 0 and 1 (a branch) take part in even steps only."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = mx.gluon.nn.Dense(5, in_units=5)
+        self.b = mx.gluon.nn.Dense(2, in_units=5)
+
+    def forward(self, x, use_a):
+        return self.b(self.a(x) if use_a else x)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+def test_skipped_steps_take_the_steps_rate_whatever_the_group_size(optimizer, monkeypatch):
+    """A scheduler's rate at a step whose first weights (a branch) had skipped
+    the last step (ignore_stale_grad=True): updated one at a time, they got
+    the last step's rate (SGD's weights 0.13 away from one group's), where a
+    group holding any other weight moves the step number first."""
+    def train(aggregate: int) -> np.ndarray:
+        monkeypatch.setenv("MXNET_OPTIMIZER_AGGREGATION_SIZE", str(aggregate))
+        net = Branch()
+        net.initialize()
+        rng = np.random.RandomState(1)
+        for p in net.collect_params().values():
+            p.set_data(mx.nd.array(rng.randn(*p.shape) * 0.5))
+        sched = mx.lr_scheduler.FactorScheduler(step=1, factor=0.7, base_lr=0.1)
+        trainer = mx.gluon.Trainer(net.collect_params(), optimizer,
+                                   {"momentum": 0.9, "lr_scheduler": sched}, kvstore=None)
+        x = np.random.RandomState(0).randn(6, 8, 5).astype("f4")
+        for step in range(6):
+            with mx.autograd.record():
+                loss = (net(mx.nd.array(x[step]), step % 2 == 0) ** 2).sum()
+            loss.backward()
+            trainer.step(8, ignore_stale_grad=True)
+        return np.concatenate([p.data().asnumpy().ravel() for p in net.collect_params().values()])
+    np.testing.assert_allclose(train(1), train(16), rtol=1e-6, atol=1e-7)
+
+
 SAVE = """
 import pickle, sys
 import mxnet as mx
