@@ -19,6 +19,8 @@ last step: summed, it tells every rank whether any rank's was stale. ``w`` is
 last step (weight_writes.py): summed, it tells every rank to compare them.
 
 ``d_i`` are the bits of a 32-bit digest of the rank's optimizer settings
+(followed by 16 bits of a digest of them without the values an optimizer
+advances per device copy, which tells that cause apart in the error)
 (optimizer_settings.py). Summed over the m ranks that took part, each is 0 or
 m when every rank holds the same digest, and only then: any other sum means
 the optimizers differ, and every rank sees the same sums, so every rank
@@ -42,8 +44,13 @@ from .stale_grads import stale_gradient
 NAME = "the batch sizes"
 #: Bits of the optimizer settings' digest that ride with the batch sizes.
 DIGEST_BITS = 32
-#: Elements of the array: [batch size, 1, stale, written, digest bits...].
-SIZE = 4 + DIGEST_BITS
+#: Bits of a second digest, of the settings without the values an optimizer
+#: advances per device copy (optimizer_settings.without_progress): where it
+#: agrees and the first does not, the error names that cause.
+SETTINGS_BITS = 16
+#: Elements of the array: [batch size, 1, stale, written, digest bits...,
+#: second digest's bits...].
+SIZE = 4 + DIGEST_BITS + SETTINGS_BITS
 #: Flags of a rank's step (fill's `flags`): a stale gradient; weights or
 #: optimizer states written outside training since the last step.
 STALE, WRITTEN = 1, 2
@@ -79,11 +86,14 @@ class BatchSizes:
         if self._pending:
             self.array.wait_to_read()   # the previous sum is still in flight
         d = optimizer_settings.digest(settings, DIGEST_BITS)
+        e = optimizer_settings.digest(optimizer_settings.without_progress(settings),
+                                      SETTINGS_BITS)
         self._view[0] = batch_size
         self._view[1] = 1
         self._view[2] = 1 if flags & STALE else 0
         self._view[3] = 1 if flags & WRITTEN else 0
-        self._view[4:] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
+        self._view[4:4 + DIGEST_BITS] = [(d >> i) & 1 for i in range(DIGEST_BITS)]
+        self._view[4 + DIGEST_BITS:] = [(e >> i) & 1 for i in range(SETTINGS_BITS)]
         self._settings, self._what = settings, what
         self._pending = True
 
@@ -96,15 +106,17 @@ class BatchSizes:
         ranks = float(self._view[1])
         self.stale_ranks = int(self._view[2])
         self.written_ranks = int(self._view[3])
-        bits = self._view[4:]
+        bits = self._view[4:4 + DIGEST_BITS]
         if np.any((bits != 0) & (bits != ranks)):
+            rest = self._view[4 + DIGEST_BITS:]
+            only_progress = not np.any((rest != 0) & (rest != ranks))
             raise MPIKVStoreError(
                 "mxnet_mpi: %sthe ranks' optimizer settings differ, so their weights would "
                 "drift apart (each rank updates its own copy); make them the same on every "
                 "rank. This rank (%s) has: %s.%s" % (
                     self._what + ": " if self._what else "", _rank_text(),
                     self._settings or "no optimizer",
-                    optimizer_settings.advice(self._settings)))
+                    optimizer_settings.advice(self._settings) if only_progress else ""))
         return float(self._view[0]), ranks
 
     def refuse_if_stale_elsewhere(self, params, ignore_stale_grad: bool, what: str) -> None:

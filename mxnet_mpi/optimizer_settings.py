@@ -136,16 +136,21 @@ def describe_params(name: str, params: dict) -> str:
 _PER_COPY = {"m_schedule": "Nadam"}
 
 
+def without_progress(text: str) -> str:
+    """`text` (describe's) without the values an optimizer advances per device
+    copy (_PER_COPY)."""
+    return ", ".join(f for f in text.split(", ") if f.split("=", 1)[0] not in _PER_COPY)
+
+
 def advice(text: str) -> str:
-    """What else to do where `text` (describe's) differs between the ranks: ""
-    unless it holds a value that depends on the number of devices."""
+    """Why `text` (describe's) differs between ranks whose texts differ only
+    in values an optimizer advances per device copy."""
     for name, owner in _PER_COPY.items():
         if ", %s=" % name in text:
-            return (" Where the settings you gave are the same: %s's %s is not one; it "
-                    "advances at each update of each device's copy of a parameter, so ranks "
-                    "with different numbers of devices hold different values: give every "
-                    "rank the same number of devices, or use another optimizer"
-                    % (owner, name))
+            return (" Only %s's %s differs, which is not a setting: it advances at each "
+                    "update of each device's copy of a parameter, so ranks with different "
+                    "numbers of devices hold different values; give every rank the same "
+                    "number of devices, or use another optimizer" % (owner, name))
     return ""
 
 

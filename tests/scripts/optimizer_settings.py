@@ -322,6 +322,24 @@ def section_nadam_devices(res: Results) -> None:
     expect_refusal(res, run, "Trainer.step", "give every rank the same number of devices")
 
 
+def section_nadam_lr(res: Results) -> None:
+    """Nadam on one device per rank, rank 1 with another rate: the error names
+    the rates, without the device-count advice (only m_schedule differing
+    gets it)."""
+    net, x, y = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net.collect_params(), "nadam",
+                               {"learning_rate": 0.02 if OTHER else 0.01}, kvstore="mpi_" + MODE)
+    try:
+        for _ in range(3):
+            gluon_step(net, trainer, x, y)
+        mx.nd.waitall()
+        res.check(False, "no error: rank %d trained on with another rate" % RANK)
+    except mxnet_mpi.MPIKVStoreError as e:
+        text = str(e)
+        res.check("lr=%r" % (0.02 if OTHER else 0.01) in text and "devices" not in text,
+                  "unexpected message: %s" % text[:600])
+
+
 def _mult(net) -> None:
     if OTHER:
         net[1].weight.lr_mult = 2.0
@@ -352,6 +370,7 @@ SECTION_FNS = {
         "step=%r" % ([3, 5] if OTHER else [2, 4])),
     "aggregate": section_aggregate,
     "nadam_devices": section_nadam_devices,
+    "nadam_lr": section_nadam_lr,
     "rescale_grad": trainer_differs("sgd", {"learning_rate": 0.1,
                                             "rescale_grad": 0.5 if OTHER else 1.0},
                                     "trainer scale=%r" % (0.5 if OTHER else 1.0)),
