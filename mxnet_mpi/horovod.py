@@ -73,18 +73,21 @@ from .horovod_state import (  # noqa: F401  (the public API)
     size,
     split_list,
 )
-from .horovod_training import (  # noqa: F401  (the public API)
+from .horovod_training import (  # noqa: F401  (the public API; the compressions' classes)
     SETTINGS_UPDATES,
     Compression,
     DistributedOptimizer,
     DistributedTrainer,
+    _FP16Compression,
+    _NoCompression,
     broadcast_parameters,
 )
 from .world import finalize, on_exit
 
 # Pickles (saved optimizer states) and reprs name the public classes here,
 # where they are used from, not in the module that holds them.
-for _cls in (ProcessSet, Compression, DistributedOptimizer, DistributedTrainer):
+for _cls in (ProcessSet, Compression, DistributedOptimizer, DistributedTrainer,
+             _NoCompression, _FP16Compression):
     _cls.__module__ = __name__
 del _cls
 
