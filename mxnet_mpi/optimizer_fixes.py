@@ -11,13 +11,15 @@ value, and training goes nowhere, silently. The grouped update
 LAMB's float32 update on the master copy and writes the float16 weight from
 it, which is what the grouped update computes.
 
-An optimizer's step number (``num_update``, what a scheduler is asked for the
-rate) is the highest update count among the weights updated so far. Updating
-one weight at a time, a step whose first weights had skipped steps
-(``ignore_stale_grad=True``, a branch not taken) updated them at the last
-step's rate, where a group holding any other weight moves the number first.
-Here the updater moves it for all the weights it is given, before their
-updates, as one group of them all would.
+SGD's and LARS's grouped updates move the step number (``num_update``, what
+a scheduler is asked for the rate) for a whole group before updating it; one
+weight at a time, weights that had skipped the last step
+(``ignore_stale_grad=True``, a branch not taken) and came first in a step
+were updated at the last step's rate. Where mxnet_mpi chose one at a time
+for them, the updater moves the number for each of MXNet's own groups (by
+dtype, then groups of its default size) before that group's one-at-a-time
+updates, as MXNet's grouped update would; the other optimizers count weight
+by weight in MXNet too, and are left alone.
 
 LARS with momentum and ``momentum_correction=True`` (its default) scales the
 momentum by this step's learning rate over the last step's, where a
@@ -25,8 +27,9 @@ scheduler or ``set_learning_rate`` changed it. MXNet 1.9 moves "the last
 step's rate" at every update call, so only the weights of a step's first call
 got the correction: the first group of 4 (MXNet's default size), one weight
 at a time, the first device's copies only (the others' then differ from it).
-Here the rates move once per step, and every weight of the step, on every
-device, gets the correction, whatever the group size.
+Here the rates move once per step (an updater's call on the first device),
+and every weight of the step, on every device, gets the correction, whatever
+the group size.
 
 SGLD adds Gaussian noise to every weight it updates, drawn from MXNet's
 random generator: where each rank (and each device) updates its own copy,
@@ -82,29 +85,57 @@ def _mended_lamb(orig):
     return _update_impl
 
 
-def _step_first(orig):
+def _mxnet_group(opt) -> int | None:
+    """MXNet's own group size for `opt` where it is SGD or LARS (whose grouped
+    update moves the step number for the whole group first) and mxnet_mpi
+    chose one at a time for it; else None."""
+    chosen = _chosen_here()
+    if not isinstance(opt, (mx.optimizer.SGD, mx.optimizer.LARS)) or chosen is None \
+            or opt.aggregate_num != int(chosen):
+        return None
+    default = _mxnet_default(opt)
+    return default if default and default > opt.aggregate_num else None
+
+
+def _updater_call(orig):
     @functools.wraps(orig)
     def __call__(self, index, grad, weight):
         opt = self.optimizer
         inner = vars(opt).get("_optimizer")   # a wrapper's (mxnet_mpi.horovod, Horovod)
         if isinstance(inner, mx.optimizer.Optimizer):
             opt = inner
-        indices = index if isinstance(index, (list, tuple)) else [index]
-        weights = weight if isinstance(weight, (list, tuple)) else [weight]
-        if len(indices) > 1 and weights and isinstance(weights[0], mx.nd.NDArray):
-            counts = opt._all_index_update_counts.get(weights[0].context.device_id, {})
-            opt.num_update = max([opt.num_update] + [
-                counts.get(i, opt.begin_num_update) + 1 for i in indices])
-        return orig(self, index, grad, weight)
+        listed = isinstance(index, (list, tuple))
+        weights = list(weight) if listed else [weight]
+        if not weights or not isinstance(weights[0], mx.nd.NDArray):
+            return orig(self, index, grad, weight)
+        device = weights[0].context.device_id
+        # an update call on the first device the optimizer saw starts a step
+        # (the other devices' calls of a Trainer step follow it): LARS's rates
+        if vars(opt).setdefault("_mxmpi_first_device", device) == device:
+            opt._mxmpi_calls = vars(opt).get("_mxmpi_calls", 0) + 1
+        group = _mxnet_group(opt)
+        if group is None or not listed or len(index) <= 1:
+            return orig(self, index, grad, weight)
+        by_dtype: dict = {}
+        for item in zip(index, grad, weights):
+            by_dtype.setdefault(item[2].dtype, []).append(item)
+        for items in by_dtype.values():
+            for start in range(0, len(items), group):
+                chunk = items[start:start + group]
+                counts = opt._all_index_update_counts.get(device, {})
+                opt.num_update = max([opt.num_update] + [
+                    counts.get(i, opt.begin_num_update) + 1 for i, _, _ in chunk])
+                orig(self, *(list(x) for x in zip(*chunk)))
+        return None
     return __call__
 
 
 def _lars_rates_per_step(orig):
     @functools.wraps(orig)
     def _get_lrs(self, indices):
-        # _update_count ran first: num_update is the step's number, the same
-        # for each of its groups and devices
-        step = self.num_update
+        # a step: an updater's call on the first device (see _updater_call),
+        # else (the optimizer called directly) the step number
+        step = vars(self).get("_mxmpi_calls", self.num_update)
         if getattr(self, "_mxmpi_rates_step", None) != step or self.cur_lr is None:
             self._mxmpi_rates_step = step
             return orig(self, indices)   # a new step: its rate, the last one's kept
@@ -221,7 +252,7 @@ def apply() -> None:
     sgld = mx.optimizer.SGLD
     sgld.update = _sgld_shared(sgld.update)
     updater = mx.optimizer.Updater
-    updater.__call__ = _step_first(updater.__call__)
+    updater.__call__ = _updater_call(updater.__call__)
     base = mx.optimizer.Optimizer
     base.__getstate__ = _saving(base.__getstate__)
     base.__setstate__ = _loading(base.__setstate__)
