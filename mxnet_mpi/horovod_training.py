@@ -15,7 +15,15 @@ from .collectives import allreduce_in_place, rank_table
 from .consistency import check_trainer_after_writes
 from .deferred import settle_deferred
 from .horovod_collectives import Sum, allreduce_, broadcast_, grouped_allreduce_
-from .horovod_state import ProcessSet, _state, _stream_of, global_process_set, size, split_list
+from .horovod_state import (
+    ProcessSet,
+    _state,
+    _stream_of,
+    global_process_set,
+    rank,
+    size,
+    split_list,
+)
 from .mxnet_patches import NOT_APPLIED, WRITES_DESC, written
 from .optimizer_fixes import share_noise
 from .optimizer_settings import describe
@@ -91,6 +99,14 @@ def _trainer_set(process_set) -> ProcessSet:
         raise ValueError("%s is not registered (hvd.init(process_sets=[...]) or "
                          "hvd.add_process_set())" % process_set)
     return process_set
+
+
+def _share_noise(optimizer, process_set: ProcessSet) -> None:
+    """optimizer_fixes.share_noise over the members of `process_set` (this
+    rank one of them), where it has several: SGLD's noise alike on each."""
+    if process_set.size() > 1:
+        share_noise(optimizer, rank() == process_set.ranks[0], lambda arr: allreduce_(
+            arr, name="SGLD's noise seed", op=Sum, process_set=process_set))
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -172,8 +188,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def _before_update(self) -> None:
         self._compare_settings()
-        if self._process_set.size() > 1:
-            share_noise(self._optimizer)   # SGLD: the same noise on every rank
+        _share_noise(self._optimizer, self._process_set)
 
     def update(self, index, weight, grad, state):
         if self._process_set.included():
@@ -296,9 +311,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
             if ignore_stale_grad:
                 self._fresh.apply(self._params)   # the same parameters on every rank
-        ps = self._process_set
-        if ps.size() > 1 and ps.included():
-            share_noise(self._optimizer)   # SGLD: the same noise on every rank
+        if self._process_set.included():
+            _share_noise(self._optimizer, self._process_set)
         super()._update(ignore_stale_grad)
 
     def _allreduce_grads(self):

@@ -29,7 +29,6 @@ from .consistency import check_after_writes
 from .errors import MPIKVStoreError
 from .joining import join_store, register
 from .keys import KeyBook, broadcast_groups, check_key, check_optimizer, key_groups
-from .optimizer_fixes import share_noise
 from .optimizer_settings import describe
 from .store_calls import SPARSE_HINT, StoreCalls
 from .store_glue import SETTINGS_COLLECTIVES, FrameworkGlue
@@ -277,11 +276,10 @@ class MPIKVStore(StoreCalls, FrameworkGlue, KVStoreBase):
             watch = self._updater._mxmpi_writes
             self.settings_check(lambda: describe(self._optimizer),
                                 lambda: watch.written(self._updater, ()), self._after_writes)
+            self.share_noise(self._updater.optimizer)   # SGLD: the same noise on every rank
         try:
             self._run(groups, build, _native.ALLREDUCE, "allreduce")
         finally:
-            if updates and self.num_workers > 1:
-                share_noise(self._updater.optimizer)   # SGLD: the same noise on every rank
             for k, grad in updates:
                 self._updater(k, grad, self._stored[k])
 

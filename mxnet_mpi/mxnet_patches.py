@@ -27,7 +27,6 @@ from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .module_states import ModuleStates, spread_counts
-from .optimizer_fixes import share_noise
 from .optimizer_settings import describe, describe_params
 from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
@@ -346,8 +345,8 @@ def _patch_trainer() -> None:
             agreed.refuse_if_stale_elsewhere(self._params, ignore_stale_grad, what)
             if ignore_stale_grad and getattr(self, "_mxmpi_fresh", None) is not None:
                 self._mxmpi_fresh.apply(self._params)   # the same parameters on every rank
-        if isinstance(self._kvstore, MPIKVStore) and self._kvstore.num_workers > 1:
-            share_noise(self._optimizer)   # SGLD: the same noise on every rank
+        if isinstance(self._kvstore, MPIKVStore):
+            self._kvstore.share_noise(self._optimizer)   # SGLD: the same noise on every rank
         result = orig_update(self, ignore_stale_grad)
         if self._update_on_kvstore and isinstance(self._kvstore, MPIKVStore):
             # MXNet marks a gradient used only where it updates on the rank:
@@ -555,8 +554,7 @@ def _patch_module() -> None:
         self._mxmpi_count = getattr(self, "_mxmpi_count", 0) + 1
         kv = self._kvstore
         what = "Module.update %d" % self._mxmpi_count
-        if kv.num_workers > 1:
-            share_noise(self._optimizer)   # SGLD: the same noise on every rank
+        kv.share_noise(self._optimizer)   # SGLD: the same noise on every rank
         with kv.serving(what + ": gradient allreduce"), \
                 kv.owned_by(getattr(self, "_mxmpi_owner", "")):
             _module_checks(self, kv, what)

@@ -36,11 +36,12 @@ random generator: where each rank (and each device) updates its own copy,
 ranks seeded apart (as for Dropout) or holding different numbers of devices
 drew different noise and drifted apart silently. An optimizer that
 mxnet_mpi's stores (or mxnet_mpi.horovod) use across several ranks is marked
-(share_noise), and its SGLD update then draws the noise from a generator
-seeded by the weight's bytes after the gradient step, the parameter and its
-update count, which are the same on every rank and device: the copies stay
-alike, float32 master copies included, with nothing sent, whatever ranks
-join early.
+(share_noise; for SGLD, the ranks first agree on a seed drawn from the first
+rank's MXNet generator, so mx.random.seed still chooses the noise), and its
+SGLD update then draws the noise from a generator seeded by that seed, the
+weight's bytes after the gradient step, the parameter and its update count,
+which are the same on every rank and device: the copies stay alike, float32
+master copies included, whatever ranks join early.
 
 MXNet's own stores get the mended updates too: they are the optimizer's, not
 the store's.
@@ -59,6 +60,7 @@ import functools
 import hashlib
 import math
 import os
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -147,10 +149,32 @@ def _lars_rates_per_step(orig):
     return _get_lrs
 
 
-def share_noise(optimizer) -> None:
+def share_noise(optimizer, first: bool, sum_over_ranks) -> None:
     """Mark `optimizer` as updating copies of the weights that several ranks
-    keep alike: its noise, where it draws any (SGLD), is the same on each."""
+    keep alike: its noise, where it draws any (SGLD), is the same on each.
+    For SGLD, the first time, the ranks agree on a seed that the `first` rank
+    draws from MXNet's generator: `sum_over_ranks(arr)` sums an int64 host
+    array over the ranks in place (collective, at every rank's first update;
+    a rank that joined adds zeros)."""
+    if vars(optimizer).get("_mxmpi_shared_noise"):
+        return
+    if isinstance(optimizer, mx.optimizer.SGLD):
+        if type(optimizer).update is not mx.optimizer.SGLD.update:
+            warnings.warn("mxnet_mpi: %s overrides SGLD.update: noise it draws itself comes "
+                          "from each rank's own random generator, and ranks seeded apart "
+                          "(mx.random.seed) or on different numbers of devices drift apart. "
+                          "Seed every rank alike, or check with MXNET_MPI_CONSISTENCY_EVERY "
+                          "(docs/usage.md)"
+                          % type(optimizer).__name__, RuntimeWarning, stacklevel=3)
+        elif "_mxmpi_noise_seed" not in vars(optimizer):
+            seed = mx.nd.array([_draw_seed() if first else 0], dtype="int64")
+            sum_over_ranks(seed)
+            optimizer._mxmpi_noise_seed = int(seed.asscalar())
     optimizer._mxmpi_shared_noise = True
+
+
+def _draw_seed() -> int:
+    return int(mx.nd.random.randint(0, 2 ** 31 - 1, shape=(1,), dtype="int64").asscalar())
 
 
 def _shared_noise(opt, index, weight, lr: float):
@@ -159,7 +183,8 @@ def _shared_noise(opt, index, weight, lr: float):
     each device's index) and its update count."""
     params = getattr(opt, "param_dict", None) or {}
     ident = index if index in params else opt.idx2name.get(index, index)
-    digest = hashlib.blake2b(repr((ident, opt._index_update_count.get(index))).encode(),
+    digest = hashlib.blake2b(repr((vars(opt).get("_mxmpi_noise_seed"), ident,
+                                   opt._index_update_count.get(index))).encode(),
                              digest_size=16)
     digest.update(np.ascontiguousarray(weight.asnumpy()).tobytes())
     rng = np.random.default_rng(np.frombuffer(digest.digest(), dtype=np.uint32))

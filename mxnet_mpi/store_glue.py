@@ -12,10 +12,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import _native
 from .batch_sizes import BatchSizes
 from .collectives import RankTable, rank_table
 from .deferred import settle_deferred
 from .keys import Key
+from .optimizer_fixes import share_noise
 
 #: At most one comparison of the ranks' optimizer settings per this many
 #: collectives of the store (settings_check).
@@ -63,6 +65,13 @@ class FrameworkGlue:
             yield
         finally:
             self._keys.owner = before
+
+    def share_noise(self, optimizer) -> None:
+        """optimizer_fixes.share_noise over every worker of the store, where it
+        has several."""
+        if self.num_workers > 1:
+            share_noise(optimizer, self.rank == 0, lambda arr: self.internal_collective(
+                _native.ALLREDUCE, arr, "SGLD's noise seed", workers=True))
 
     def name_keys(self, names: dict) -> None:
         """Key -> parameter name, printed in messages about the key's collectives."""

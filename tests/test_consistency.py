@@ -151,5 +151,6 @@ def test_noisy_optimizer_keeps_ranks_and_devices_alike():
     got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     want = ["RESULT %s ranks_alike=True devices_alike=True noisy=True" % path
             for path in ("trainer", "module", "store", "join", "hvd_trainer", "hvd_optimizer")]
-    want.append("RESULT fp16 ranks_alike=True masters_alike=True")
+    want += ["RESULT fp16 ranks_alike=True masters_alike=True",
+             "RESULT seeds choose_noise=True repeat=True", "RESULT subclass warned=True"]
     assert got == sorted(want * 2), proc.stdout + proc.stderr[-3000:]

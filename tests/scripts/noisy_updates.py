@@ -4,13 +4,17 @@ store's own optimizer (kv.set_optimizer, push, pull) and mxnet_mpi.horovod's
 DistributedTrainer and DistributedOptimizer, every rank and device holds the
 same weights, and they are not those of the update without its noise. Also:
 float16 weights with float32 master copies (the masters alike too), and
-uneven data where rank 0 runs out first and joins.
+uneven data where rank 0 runs out first and joins. mx.random.seed still
+chooses the noise (the ranks agree on a seed drawn on rank 0), and a
+subclass that overrides SGLD's update is warned about.
 
   mpirun -np 2 python noisy_updates.py
 
 Prints "RESULT <path> ranks_alike=.. devices_alike=.. noisy=.." per rank and
 path ("masters_alike=.." for fp16).
 """
+
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -155,3 +159,29 @@ for path, run in PATHS.items():
 mx.random.seed(1000 + RANK)
 weights, masters = masters_alike()
 print("RESULT fp16 ranks_alike=%s masters_alike=%s" % (weights, masters), flush=True)
+
+
+def chain(seed: int) -> np.ndarray:
+    """A Trainer's SGLD chain from the same start, ranks seeded apart from `seed`."""
+    mx.random.seed(seed + RANK)
+    return np.concatenate([c[0].ravel() for c in trainer_weights(True, [mx.cpu(0)])])
+
+
+first, other, again = chain(1), chain(777), chain(1)
+print("RESULT seeds choose_noise=%s repeat=%s"
+      % (not np.array_equal(first, other), np.array_equal(first, again)), flush=True)
+
+
+class OwnNoise(mx.optimizer.SGLD):
+    def update(self, index, weight, grad, state):
+        super().update(index, weight, grad, state)
+        weight[:] += mx.nd.random.normal(0, 0.01, shape=weight.shape)
+
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    net = dense([mx.cpu(0)])
+    gluon_steps(net, mx.gluon.Trainer(net.collect_params(), OwnNoise(learning_rate=LR),
+                                      kvstore="mpi"), [mx.cpu(0)], steps=1)
+print("RESULT subclass warned=%s" % any("OwnNoise overrides SGLD.update" in str(w.message)
+                                       for w in caught), flush=True)
