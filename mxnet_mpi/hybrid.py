@@ -38,7 +38,9 @@ for and broadcasts them. Dense keys never leave MPI inside a group.
 from __future__ import annotations
 
 import collections
+import gc
 import os
+import weakref
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
@@ -288,6 +290,15 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         ones when their shapes are known (first forward)."""
         self.name_keys({idx: p.name for idx, p in enumerate(params)})
         self.settle_deferred(params)
+        # which parameter each key's weight on the servers is: the first live
+        # Trainer's (a Trainer over parameters that are gone hands its keys on;
+        # collected first, so that every rank sees the same ones gone)
+        held = vars(self).setdefault("_mxmpi_held", {})
+        if any(i in held and held[i]() not in (None, p) for i, p in enumerate(params)):
+            gc.collect()
+        for idx, param in enumerate(params):
+            if idx not in held or held[idx]() is None:
+                held[idx] = weakref.ref(param)
         keys, vals = [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
@@ -318,6 +329,21 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                                   "(set_optimizer, or a Trainer with update_on_kvstore=True): "
                                   "a Trainer with update_on_kvstore=False needs a store whose "
                                   "servers only sum" % self.type)
+        if update_on_kvstore and owner:
+            # the servers hold one weight per key, and every Trainer's keys are
+            # its positions: another Trainer over other parameters would update
+            # (and read) the first one's weights (over the same ones, it shares them)
+            held = vars(self).get("_mxmpi_held", {})
+            other = [i for i, p in enumerate(params) if i in held and held[i]() is not p]
+            if other:
+                first = held[other[0]]()
+                raise MPIKVStoreError(
+                    "kvstore '%s': key %d holds %s on the servers, which update the weights "
+                    "(update_on_kvstore=True), and this Trainer's parameter %r at that key "
+                    "would update and read it: give each Trainer over other parameters a "
+                    "store of its own" % (self.type, other[0], "an earlier Trainer's parameter"
+                                          if first is None else "parameter %r of an earlier "
+                                          "Trainer" % first.name, params[other[0]].name))
         if update_on_kvstore and self._optimizer is not None:
             self._check_optimizer_unchanged()
         agreed = (self.batch_agreement(batch_size, what, settings, flags)

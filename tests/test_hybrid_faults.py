@@ -43,7 +43,7 @@ def run_cases(cases: list, kvstore: str = "dist_sync_mpi", groups: int = GROUPS)
 
 
 # The sync cases share one launched job: each needs the cluster, none breaks it.
-SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows", "lr_changed"]
+SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows", "other_params", "lr_changed"]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,16 @@ def test_several_trainers_do_not_reinit_the_servers(sync_rows):
     for r in sync_rows["two_trainers"]:
         np.testing.assert_allclose(r["weight"], want_w, rtol=1e-5)
         np.testing.assert_allclose(r["bias"], want_b, rtol=1e-5)
+
+
+def test_trainers_over_other_parameters_cannot_share_server_weights(sync_rows):
+    """Two Trainers over two nets of the same layout on one store whose
+    servers update: the second one's keys are the first one's weights there,
+    and both nets trained on them (wrong weights on every rank, silently).
+    Refused on every rank at its step, naming both parameters."""
+    for r in sync_rows["other_params"]:
+        assert r["error"] is not None and "key 0 holds parameter" in r["error"] \
+            and "store of its own" in r["error"], r
 
 
 def test_learning_rate_changed_after_the_optimizer_went_to_the_servers(sync_rows):

@@ -75,6 +75,24 @@ def run_case(case: str) -> dict:
             tr.step(1)
         out["weight"] = net.weight.data().asnumpy().tolist()
         out["bias"] = net.bias.data().asnumpy().tolist()
+    elif case == "other_params":
+        # two nets of the layout two_trainers gave keys 0 and 1, a Trainer each
+        nets = [gluon.nn.Dense(2, in_units=3) for _ in range(2)]
+        trainers = []
+        for net in nets:
+            net.initialize(mx.init.Constant(0.5))
+            trainers.append(gluon.Trainer(net.collect_params(), "sgd",
+                                          {"learning_rate": 0.1}, kvstore=kv))
+        x = mx.nd.ones((1, 3))
+        try:
+            for net, tr in zip(nets, trainers):
+                with mx.autograd.record():
+                    loss = net(x).sum()
+                loss.backward()
+                tr.step(1)
+            out["error"] = None
+        except mxnet_mpi.MPIKVStoreError as e:
+            out["error"] = str(e)
     elif case == "lr_changed":
         net = gluon.nn.Dense(2, in_units=3)   # the layout two_trainers gave keys 0 and 1
         net.initialize(mx.init.Constant(0.5))
