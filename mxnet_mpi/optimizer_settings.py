@@ -148,9 +148,11 @@ def advice(text: str) -> str:
     for name, owner in _PER_COPY.items():
         if ", %s=" % name in text:
             return (" Only %s's %s differs, which is not a setting: it advances at each "
-                    "update of each device's copy of a parameter, so ranks with different "
-                    "numbers of devices hold different values; give every rank the same "
-                    "number of devices, or use another optimizer" % (owner, name))
+                    "update of each device's copy of a parameter, so it differs where the "
+                    "ranks have different numbers of devices, or where some rank loaded "
+                    "optimizer states the others did not; give every rank the same number "
+                    "of devices and the same states, or use another optimizer"
+                    % (owner, name))
     return ""
 
 

@@ -322,6 +322,26 @@ def section_nadam_devices(res: Results) -> None:
     expect_refusal(res, run, "Trainer.step", "give every rank the same number of devices")
 
 
+def section_module_nadam_devices(res: Results) -> None:
+    """Module, Nadam, rank 1 on two devices: refused at init_optimizer on
+    every rank (its settings comparison, every SETTINGS_COLLECTIVES
+    collectives, let a short run drift apart), naming the devices."""
+    data = mx.sym.Variable("data")
+    out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
+                                        name="lro")
+    ctxs = [mx.cpu(0), mx.cpu(1)] if OTHER else [mx.cpu(0)]
+    mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"], context=ctxs)
+    mod.bind(data_shapes=[("data", (8, 3))], label_shapes=[("lro_label", (8, 2))])
+    mod.init_params(mx.init.Constant(0.1))
+    try:
+        mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="nadam",
+                           optimizer_params={"learning_rate": 0.01})
+        res.check(False, "no error: the ranks' Nadam on 1 and 2 devices")
+    except mxnet_mpi.MPIKVStoreError as e:
+        res.check("rank 0: 1, rank 1: 2" in str(e) and "same number of devices" in str(e),
+                  "unexpected message: %s" % str(e)[:600])
+
+
 def section_nadam_lr(res: Results) -> None:
     """Nadam on one device per rank, rank 1 with another rate: the error names
     the rates, without the device-count advice (only m_schedule differing
@@ -371,6 +391,7 @@ SECTION_FNS = {
     "aggregate": section_aggregate,
     "nadam_devices": section_nadam_devices,
     "nadam_lr": section_nadam_lr,
+    "module_nadam_devices": section_module_nadam_devices,
     "rescale_grad": trainer_differs("sgd", {"learning_rate": 0.1,
                                             "rescale_grad": 0.5 if OTHER else 1.0},
                                     "trainer scale=%r" % (0.5 if OTHER else 1.0)),
