@@ -96,7 +96,7 @@ class KeyBook:
 
     def __init__(self) -> None:
         self._keys: dict = {}
-        self._names: dict = {}   # key -> parameter name
+        self._names: dict = {}   # (owner, key) -> parameter name
         # Which of the store's Trainers or Modules the calls now serve ("" for
         # the first; store_glue.owned_by): part of what the ranks agree on, so
         # ranks that step two Trainers sharing one store in different orders
@@ -108,17 +108,21 @@ class KeyBook:
         return self._keys.get(key)
 
     def set_name(self, key: Key, name: str) -> None:
-        """`key` serves the parameter `name` (a Trainer's or a Module's)."""
-        self._names[key] = name
+        """`key` serves the parameter `name` (a Trainer's or a Module's: the
+        store's user that owner names)."""
+        self._names[self.owner, key] = name
+
+    def _name_of(self, key: Key) -> str | None:
+        return self._names.get((self.owner, key)) if _hashable(key) else None
 
     def name(self, key: Key) -> str:
         """"parameter 'dense0_weight'" for a key that serves one, else ""."""
-        name = self._names.get(key) if _hashable(key) else None
+        name = self._name_of(key)
         return "" if name is None else "parameter %r" % (name,)
 
     def names(self, keys) -> str:
         """name() of several keys, as one phrase ("" if none is known)."""
-        known = [self._names[k] for k in keys if k in self._names]
+        known = [n for n in map(self._name_of, keys) if n is not None]
         if len(known) <= 1:
             return "parameter %r" % (known[0],) if known else ""
         return "parameters " + ", ".join("%r" % (n,) for n in known)
@@ -127,7 +131,7 @@ class KeyBook:
         """The key as this rank's own errors name it: "key 1 (parameter
         'dense0_weight')", "key 1", or "parameter 'fc1_weight'" when the key is
         the name (Module)."""
-        name = self._names.get(key) if _hashable(key) else None
+        name = self._name_of(key)
         if name is None:
             return "key %r" % (key,)
         return "parameter %r" % (name,) if name == key else "key %r (parameter %r)" % (key, name)

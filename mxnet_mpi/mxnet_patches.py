@@ -229,8 +229,10 @@ def _patch_trainer() -> None:
         # Create the store now (MXNet would do it at the first step) so that
         # initial weights are broadcast before the first forward pass.
         self._kvstore_params["kvstore"] = kv
-        kv.sync_initial_params(self._params)
-        joining.attach(kv, self)   # join() on the store brings this Trainer up to date
+        # join() on the store brings this Trainer up to date; its place among
+        # the store's users tells its keys' collectives and names apart
+        with kv.owned_by(joining.attach(kv, self)):
+            kv.sync_initial_params(self._params)
         self._params_to_init = []
 
     # The batch-size rule needs the agreed mean before _update() pushes the

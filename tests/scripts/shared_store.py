@@ -6,8 +6,8 @@ ONE store object.
 same   every rank steps them in the same order: each net gets its own sums
        (the weights of one process stepping both on the ranks' whole batch);
 order  rank 1 steps them in the other order: every rank raises, naming the
-       store's second Trainer (it summed one net's gradients into the other's,
-       silently).
+       store's second Trainer and each rank's parameters (it summed one net's
+       gradients into the other's, silently).
 
 Prints "RESULT <rank> <case> <outcome>".
 """
@@ -30,8 +30,12 @@ def nets():
     return a, b
 
 
+NETS: list = []   # the last steps()'s two nets
+
+
 def steps(kv, rows: list, order) -> list:
     a, b = nets()
+    NETS[:] = [a, b]
     ta = mx.gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
     tb = mx.gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
     x = mx.nd.array(np.concatenate([np.full((2, 5), r + 1.0) for r in rows]))
@@ -57,8 +61,11 @@ def order() -> str:
         mx.nd.waitall()
         return "trained"
     except mxnet_mpi.MPIKVStoreError as e:
-        said = "ranks disagree" in str(e) and "the store's Trainer 2" in str(e)
-        return "refused" if said else "other: " + str(e)[:300]
+        # each rank's collective named by its own Trainer's parameters
+        text, (a, b) = str(e), NETS
+        said = "ranks disagree" in text and "the store's Trainer 2" in text and all(
+            "'%s'" % p.name in text for p in (a.weight, b.weight))
+        return "refused" if said else "other: " + text[:600]
 
 
 for case in CASES:
