@@ -38,7 +38,6 @@ for and broadcasts them. Dense keys never leave MPI inside a group.
 from __future__ import annotations
 
 import collections
-import gc
 import os
 import weakref
 
@@ -290,15 +289,11 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         ones when their shapes are known (first forward)."""
         self.name_keys({idx: p.name for idx, p in enumerate(params)})
         self.settle_deferred(params)
-        # which parameter each key's weight on the servers is: the first live
-        # Trainer's (a Trainer over parameters that are gone hands its keys on;
-        # collected first, so that every rank sees the same ones gone)
+        # which parameter each key's weight on the servers is: the first
+        # Trainer's (the servers keep it, also once that Trainer is gone)
         held = vars(self).setdefault("_mxmpi_held", {})
-        if any(i in held and held[i]() not in (None, p) for i, p in enumerate(params)):
-            gc.collect()
         for idx, param in enumerate(params):
-            if idx not in held or held[idx]() is None:
-                held[idx] = weakref.ref(param)
+            held.setdefault(idx, (param.name, weakref.ref(param)))
         keys, vals = [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
@@ -334,16 +329,18 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
             # its positions: another Trainer over other parameters would update
             # (and read) the first one's weights (over the same ones, it shares them)
             held = vars(self).get("_mxmpi_held", {})
-            other = [i for i, p in enumerate(params) if i in held and held[i]() is not p]
+            other = [i for i, p in enumerate(params) if i in held and held[i][1]() is not p]
             if other:
-                first = held[other[0]]()
+                name, ref = held[other[0]]
                 raise MPIKVStoreError(
-                    "kvstore '%s': key %d holds %s on the servers, which update the weights "
-                    "(update_on_kvstore=True), and this Trainer's parameter %r at that key "
-                    "would update and read it: give each Trainer over other parameters a "
-                    "store of its own" % (self.type, other[0], "an earlier Trainer's parameter"
-                                          if first is None else "parameter %r of an earlier "
-                                          "Trainer" % first.name, params[other[0]].name))
+                    "kvstore '%s': key %d holds the weight of an earlier Trainer's parameter "
+                    "%r%s on the servers, which update the weights (update_on_kvstore=True), "
+                    "and this Trainer's parameter %r at that key would update and read it "
+                    "(its own initial weight never reaches them): give each Trainer over "
+                    "other parameters a store of its own" % (
+                        self.type, other[0], name, "" if ref() is not None else
+                        " (gone from this process; the servers keep it)",
+                        params[other[0]].name))
         if update_on_kvstore and self._optimizer is not None:
             self._check_optimizer_unchanged()
         agreed = (self.batch_agreement(batch_size, what, settings, flags)

@@ -417,25 +417,6 @@ def _note_module_write(module) -> None:
     weight_writes.note(getattr(module, "_updater", None) or module)
 
 
-def _same_devices_for(optimizer, kv, devices: int) -> None:
-    """Nadam advances its m_schedule at each device copy's update: ranks on
-    different numbers of devices update differently (a Trainer's step names
-    it from the settings it compares; a Module compares them only every
-    SETTINGS_COLLECTIVES collectives), so refused at init_optimizer
-    (collective over the store's workers)."""
-    if not isinstance(optimizer, mx.optimizer.Nadam) or kv.num_workers < 2:
-        return
-    table = kv.rank_table(np.array([devices], dtype=np.int64),
-                          "Module.init_optimizer: devices per rank (Nadam)")
-    if table.differing():
-        raise MPIKVStoreError(
-            "mxnet_mpi: Module.init_optimizer: Nadam advances its m_schedule at each update "
-            "of each device's copy of a parameter, and the ranks have different numbers of "
-            "devices (%s), so their updates would differ: give every rank the same number of "
-            "devices, or use another optimizer" % ", ".join(
-                "rank %d: %d" % (r, n) for r, n in zip(table.ranks, table.rows[:, 0])))
-
-
 def _module_checks(module, kv, what: str, now: bool = False) -> None:
     """Before a Module's update: compare the ranks' optimizer settings
     (Module's rescale_grad included: agreed once, in init_optimizer) and,
@@ -495,7 +476,6 @@ def _patch_module() -> None:
             self._updater._mxmpi_writes = weight_writes.Watch()
         if isinstance(self._kvstore, MPIKVStore) and not self._update_on_kvstore:
             joining.attach(self._kvstore, self, module=True)   # join() copies it too
-            _same_devices_for(self._optimizer, self._kvstore, len(self._context))
         return result
 
     @functools.wraps(orig_initialize)

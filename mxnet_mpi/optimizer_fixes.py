@@ -31,6 +31,12 @@ Here the rates move once per step (an updater's call on the first device),
 and every weight of the step, on every device, gets the correction, whatever
 the group size.
 
+Nadam multiplies its ``m_schedule`` at each update call: where each device's
+copy is updated (a rank's own updates, as on mxnet_mpi's stores), a second
+device's copies took the schedule on from the first's, so they drifted apart
+from them and from ranks with one device. Here another device's copy of a
+parameter starts from the schedule the first device's copy started from.
+
 SGLD adds Gaussian noise to every weight it updates, drawn from MXNet's
 random generator: where each rank (and each device) updates its own copy,
 ranks seeded apart (as for Dropout) or holding different numbers of devices
@@ -85,6 +91,33 @@ def _mended_lamb(orig):
         weight[:] = master.astype(weight.dtype)
         return None
     return _update_impl
+
+
+def _param_ident(opt, index):
+    """The parameter an update index serves, alike on every device: a
+    Trainer's position; a Module's name (its index differs per device)."""
+    params = getattr(opt, "param_dict", None) or {}
+    return index if index in params else opt.idx2name.get(index, index)
+
+
+def _nadam_per_device(orig):
+    @functools.wraps(orig)
+    def update(self, index, weight, grad, state):
+        device = weight.context.device_id
+        first = vars(self).setdefault("_mxmpi_nadam_device", device)
+        before = vars(self).setdefault("_mxmpi_m_before", {})
+        ident = _param_ident(self, index)
+        if device == first:
+            before[ident] = self.m_schedule
+            return orig(self, index, weight, grad, state)
+        # another device's copy: from the schedule the first device's copy of
+        # this parameter started its update with
+        own, self.m_schedule = self.m_schedule, before.get(ident, self.m_schedule)
+        try:
+            return orig(self, index, weight, grad, state)
+        finally:
+            self.m_schedule = own
+    return update
 
 
 def _mxnet_group(opt) -> int | None:
@@ -181,9 +214,7 @@ def _shared_noise(opt, index, weight, lr: float):
     """SGLD's N(0, lr) noise for `weight`, from its bytes after the gradient
     step, its parameter (a Trainer's position; a Module's name, the same for
     each device's index) and its update count."""
-    params = getattr(opt, "param_dict", None) or {}
-    ident = index if index in params else opt.idx2name.get(index, index)
-    digest = hashlib.blake2b(repr((vars(opt).get("_mxmpi_noise_seed"), ident,
+    digest = hashlib.blake2b(repr((vars(opt).get("_mxmpi_noise_seed"), _param_ident(opt, index),
                                    opt._index_update_count.get(index))).encode(),
                              digest_size=16)
     digest.update(np.ascontiguousarray(weight.asnumpy()).tobytes())
@@ -276,6 +307,8 @@ def apply() -> None:
     lars._get_lrs = _lars_rates_per_step(lars._get_lrs)
     sgld = mx.optimizer.SGLD
     sgld.update = _sgld_shared(sgld.update)
+    nadam = mx.optimizer.Nadam
+    nadam.update = _nadam_per_device(nadam.update)
     updater = mx.optimizer.Updater
     updater.__call__ = _updater_call(updater.__call__)
     base = mx.optimizer.Optimizer

@@ -130,9 +130,9 @@ def describe_params(name: str, params: dict) -> str:
     return ", ".join(fields)
 
 
-# Values an optimizer advances at each update of each device's copy of a
-# parameter (MXNet's Nadam: m_schedule), not once per step: ranks with
-# different numbers of devices hold different ones, however they are set.
+# Values an optimizer advances as it updates (MXNet's Nadam: m_schedule, at
+# each update call): not settings, though the texts carry them; where only
+# they differ, some rank loaded other states.
 _PER_COPY = {"m_schedule": "Nadam"}
 
 
@@ -147,12 +147,9 @@ def advice(text: str) -> str:
     in values an optimizer advances per device copy."""
     for name, owner in _PER_COPY.items():
         if ", %s=" % name in text:
-            return (" Only %s's %s differs, which is not a setting: it advances at each "
-                    "update of each device's copy of a parameter, so it differs where the "
-                    "ranks have different numbers of devices, or where some rank loaded "
-                    "optimizer states the others did not; give every rank the same number "
-                    "of devices and the same states, or use another optimizer"
-                    % (owner, name))
+            return (" Only %s's %s differs, which is not a setting but what its updates "
+                    "advanced: some rank loaded optimizer states (load_states) that the "
+                    "others did not; load the same states on every rank" % (owner, name))
     return ""
 
 

@@ -86,13 +86,13 @@ def test_several_trainers_do_not_reinit_the_servers(sync_rows):
 
 
 def test_trainers_over_other_parameters_cannot_share_server_weights(sync_rows):
-    """Two Trainers over two nets of the same layout on one store whose
-    servers update: the second one's keys are the first one's weights there,
-    and both nets trained on them (wrong weights on every rank, silently).
-    Refused on every rank at its step, naming both parameters."""
+    """Trainers over nets of the same layout as an earlier Trainer's on one
+    store whose servers update: their keys are the earlier net's weights
+    there, and they trained on them (wrong weights on every rank, silently).
+    Refused on every rank at the step, naming both parameters."""
     for r in sync_rows["other_params"]:
-        assert r["error"] is not None and "key 0 holds parameter" in r["error"] \
-            and "store of its own" in r["error"], r
+        assert r["error"] is not None and "key 0 holds the weight of an earlier Trainer's " \
+            "parameter" in r["error"] and "store of its own" in r["error"], r
 
 
 def test_learning_rate_changed_after_the_optimizer_went_to_the_servers(sync_rows):

@@ -35,6 +35,9 @@ kv = mx.kv.create(args.kvstore)
 rank, size = kv.rank, kv.num_workers
 
 
+SHARED: list = []   # a net whose Trainers' keys the servers hold
+
+
 def run_case(case: str) -> dict:
     out: dict = {"rank": rank, "group": kv.group, "case": case}
     if case == "uninit_pull":
@@ -64,6 +67,7 @@ def run_case(case: str) -> dict:
     elif case == "two_trainers":
         net = gluon.nn.Dense(2, in_units=3)
         net.initialize(mx.init.Constant(0.5))
+        SHARED.append(net)   # its weights hold keys 0 and 1 on the servers
         params = net.collect_params()
         trainers = [gluon.Trainer(params, "sgd", {"learning_rate": 0.1}, kvstore=kv)
                     for _ in range(3)]
@@ -94,8 +98,10 @@ def run_case(case: str) -> dict:
         except mxnet_mpi.MPIKVStoreError as e:
             out["error"] = str(e)
     elif case == "lr_changed":
-        net = gluon.nn.Dense(2, in_units=3)   # the layout two_trainers gave keys 0 and 1
-        net.initialize(mx.init.Constant(0.5))
+        # two_trainers' net, whose weights hold keys 0 and 1 on the servers
+        net = SHARED[0] if SHARED else gluon.nn.Dense(2, in_units=3)
+        if not SHARED:
+            net.initialize(mx.init.Constant(0.5))
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
 
         def step():

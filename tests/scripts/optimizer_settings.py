@@ -300,32 +300,41 @@ def section_aggregate(res: Results) -> None:
                    "aggregate_num=%d" % opt.aggregate_num)
 
 
+def _alike(res: Results, copies: list, what: str) -> None:
+    """`copies`: this rank's device copies of one weight, alike on each
+    device and every rank."""
+    res.check(all(np.array_equal(c, copies[0]) for c in copies),
+              "%s: rank %d's device copies differ" % (what, RANK))
+    total = mx.nd.array(copies[0])
+    mxnet_mpi.allreduce_(total)
+    res.check(np.array_equal(total.asnumpy(), copies[0] * SIZE),
+              "%s: the ranks' weights differ" % what)
+
+
 def section_nadam_devices(res: Results) -> None:
-    """Nadam, equal settings, rank 1 on two devices: its m_schedule advances
-    at each device's update, so the ranks' updates differ. The error says
-    that the number of devices is the cause, not the user's settings."""
+    """Nadam, equal settings, rank 1 on two devices: its m_schedule advanced
+    at each device copy's update, so rank 1's second copies and the ranks
+    drifted apart (the settings check stopped the step). Each device now
+    keeps a schedule of its own: the ranks and devices stay alike."""
     net, x, y = small_net_and_data(RANK)
     ctxs = [mx.cpu(0), mx.cpu(1)] if OTHER else [mx.cpu(0)]
     net.collect_params().reset_ctx(ctxs)
     trainer = mx.gluon.Trainer(net.collect_params(), "nadam", {"learning_rate": 0.01},
                                kvstore="mpi_" + MODE)
-
-    def run() -> None:
-        for _ in range(3):
-            xs = mx.gluon.utils.split_and_load(x, ctxs)
-            ys = mx.gluon.utils.split_and_load(y, ctxs)
-            with mx.autograd.record():
-                losses = [((net(a) - b) ** 2).sum() for a, b in zip(xs, ys)]
-            for loss in losses:
-                loss.backward()
-            trainer.step(8)
-    expect_refusal(res, run, "Trainer.step", "give every rank the same number of devices")
+    for _ in range(3):
+        xs = mx.gluon.utils.split_and_load(x, ctxs)
+        ys = mx.gluon.utils.split_and_load(y, ctxs)
+        with mx.autograd.record():
+            losses = [((net(a) - b) ** 2).sum() for a, b in zip(xs, ys)]
+        for loss in losses:
+            loss.backward()
+        trainer.step(8)
+    _alike(res, [d.asnumpy() for d in net[0].weight.list_data()], "Trainer")
 
 
 def section_module_nadam_devices(res: Results) -> None:
-    """Module, Nadam, rank 1 on two devices: refused at init_optimizer on
-    every rank (its settings comparison, every SETTINGS_COLLECTIVES
-    collectives, let a short run drift apart), naming the devices."""
+    """Module, Nadam, rank 1 on two devices: the ranks and devices stay
+    alike (they drifted apart with exit 0)."""
     data = mx.sym.Variable("data")
     out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
                                         name="lro")
@@ -333,19 +342,44 @@ def section_module_nadam_devices(res: Results) -> None:
     mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"], context=ctxs)
     mod.bind(data_shapes=[("data", (8, 3))], label_shapes=[("lro_label", (8, 2))])
     mod.init_params(mx.init.Constant(0.1))
+    mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="nadam",
+                       optimizer_params={"learning_rate": 0.01})
+    rng = np.random.RandomState(RANK)
+    batch = mx.io.DataBatch([mx.nd.array(rng.randn(8, 3))], [mx.nd.array(rng.randn(8, 2))])
+    for _ in range(3):
+        mod.forward_backward(batch)
+        mod.update()
+    names = mod._exec_group.param_names
+    weights = mod._exec_group.param_arrays[names.index("fc_weight")]
+    _alike(res, [w.asnumpy() for w in weights], "Module")
+
+
+def section_nadam_states(res: Results) -> None:
+    """Nadam, rank 1 alone loads the states it saved after the first step:
+    only its m_schedule differs, and the error says that loaded states are
+    the cause."""
+    net, x, y = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net.collect_params(), "nadam", {"learning_rate": 0.01},
+                               kvstore="mpi_" + MODE)
+    path = "%s/nadam_states_%d" % (OUTDIR, RANK)
+    gluon_step(net, trainer, x, y)
+    trainer.save_states(path)
+    gluon_step(net, trainer, x, y)
+    if OTHER:
+        trainer.load_states(path)
     try:
-        mod.init_optimizer(kvstore="mpi_" + MODE, optimizer="nadam",
-                           optimizer_params={"learning_rate": 0.01})
-        res.check(False, "no error: the ranks' Nadam on 1 and 2 devices")
+        gluon_step(net, trainer, x, y)
+        mx.nd.waitall()
+        res.check(False, "no error: rank 1 loaded other states")
     except mxnet_mpi.MPIKVStoreError as e:
-        res.check("rank 0: 1, rank 1: 2" in str(e) and "same number of devices" in str(e),
-                  "unexpected message: %s" % str(e)[:600])
+        res.check("Only Nadam's m_schedule differs" in str(e) and "load_states" in str(e),
+                  "unexpected message: %s" % str(e)[:700])
 
 
 def section_nadam_lr(res: Results) -> None:
     """Nadam on one device per rank, rank 1 with another rate: the error names
-    the rates, without the device-count advice (only m_schedule differing
-    gets it)."""
+    the rates, without the advice about loaded states (only m_schedule
+    differing gets it)."""
     net, x, y = small_net_and_data(RANK)
     trainer = mx.gluon.Trainer(net.collect_params(), "nadam",
                                {"learning_rate": 0.02 if OTHER else 0.01}, kvstore="mpi_" + MODE)
@@ -356,7 +390,7 @@ def section_nadam_lr(res: Results) -> None:
         res.check(False, "no error: rank %d trained on with another rate" % RANK)
     except mxnet_mpi.MPIKVStoreError as e:
         text = str(e)
-        res.check("lr=%r" % (0.02 if OTHER else 0.01) in text and "devices" not in text,
+        res.check("lr=%r" % (0.02 if OTHER else 0.01) in text and "load_states" not in text,
                   "unexpected message: %s" % text[:600])
 
 
@@ -391,6 +425,7 @@ SECTION_FNS = {
     "aggregate": section_aggregate,
     "nadam_devices": section_nadam_devices,
     "nadam_lr": section_nadam_lr,
+    "nadam_states": section_nadam_states,
     "module_nadam_devices": section_module_nadam_devices,
     "rescale_grad": trainer_differs("sgd", {"learning_rate": 0.1,
                                             "rescale_grad": 0.5 if OTHER else 1.0},
