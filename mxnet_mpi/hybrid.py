@@ -324,23 +324,11 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                                   "(set_optimizer, or a Trainer with update_on_kvstore=True): "
                                   "a Trainer with update_on_kvstore=False needs a store whose "
                                   "servers only sum" % self.type)
-        if update_on_kvstore and owner:
-            # the servers hold one weight per key, and every Trainer's keys are
-            # its positions: another Trainer over other parameters would update
-            # (and read) the first one's weights (over the same ones, it shares them)
-            held = vars(self).get("_mxmpi_held", {})
-            other = [i for i, p in enumerate(params) if i in held and held[i][1]() is not p]
-            if other:
-                name, ref = held[other[0]]
-                raise MPIKVStoreError(
-                    "kvstore '%s': key %d holds the weight of an earlier Trainer's parameter "
-                    "%r%s on the servers, which update the weights (update_on_kvstore=True), "
-                    "and this Trainer's parameter %r at that key would update and read it "
-                    "(its own initial weight never reaches them): give each Trainer over "
-                    "other parameters a store of its own" % (
-                        self.type, other[0], name, "" if ref() is not None else
-                        " (gone from this process; the servers keep it)",
-                        params[other[0]].name))
+        summed = vars(self).setdefault("_mxmpi_summed", set())
+        if update_on_kvstore:
+            self._check_servers_hold(params, summed)
+        else:
+            summed.update(range(len(params)))
         if update_on_kvstore and self._optimizer is not None:
             self._check_optimizer_unchanged()
         agreed = (self.batch_agreement(batch_size, what, settings, flags)
@@ -348,6 +336,30 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         with self.serving(what), self.owned_by(owner):
             self._allreduce_phases(params, update_on_kvstore, skip)
         return agreed
+
+    def _check_servers_hold(self, params, summed: set) -> None:
+        """The servers update the weights (update_on_kvstore=True): each key of
+        `params` must hold its own parameter's weight there. A key keeps the
+        first Trainer's parameter for the whole job (ps-lite: one store per
+        process; a later init of a key is skipped), and after a local-update
+        Trainer's steps it holds a sum of gradients: another parameter's
+        Trainer would update and read that (its own initial weight never
+        reaches the servers), silently."""
+        held = vars(self).get("_mxmpi_held", {})
+        for i, p in enumerate(params):
+            name, ref = held.get(i, (p.name, lambda p=p: p))
+            if ref() is not p or i in summed:
+                raise MPIKVStoreError(
+                    "kvstore '%s': key %d holds %s on the servers, which would update it as "
+                    "parameter %r's weight (update_on_kvstore=True), though that "
+                    "parameter's own initial weight never reaches them: a key keeps its "
+                    "first Trainer's parameter for the whole job. Train this Trainer with "
+                    "update_on_kvstore=False (the servers then only sum), or over the "
+                    "parameters of the store's first Trainer" % (
+                        self.type, i, "the sum of the gradients of local-update steps"
+                        if ref() is p else "the weight of an earlier Trainer's parameter "
+                        "%r%s" % (name, "" if ref() is not None else " (gone from this "
+                                  "process; the servers keep it)"), p.name))
 
     def _check_optimizer_unchanged(self) -> None:
         """The servers run the optimizer as it was sent: a setting changed on the

@@ -92,7 +92,7 @@ def test_trainers_over_other_parameters_cannot_share_server_weights(sync_rows):
     Refused on every rank at the step, naming both parameters."""
     for r in sync_rows["other_params"]:
         assert r["error"] is not None and "key 0 holds the weight of an earlier Trainer's " \
-            "parameter" in r["error"] and "store of its own" in r["error"], r
+            "parameter" in r["error"] and "update_on_kvstore=False" in r["error"], r
 
 
 def test_learning_rate_changed_after_the_optimizer_went_to_the_servers(sync_rows):

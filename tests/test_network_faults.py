@@ -136,6 +136,16 @@ def test_rank_late_to_create_a_store_across_hosts_is_named(cluster):
         job.kill()
 
 
+def _proc_text(pid: int, name: str) -> str:
+    """/proc/<pid>/<name>, or "" once the process is gone (it may end while
+    the test looks: the ranks are ending)."""
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_daemon_stopped_at_the_end_is_named_and_the_ranks_end(cluster):
     """A host's Open MPI daemon stopped (SIGSTOP) while the ranks finish: they
     waited in MPI_Finalize for ever, silently (the heartbeats had ended)."""
@@ -155,11 +165,10 @@ def test_daemon_stopped_at_the_end_is_named_and_the_ranks_end(cluster):
         assert "DONE 0" in out and "[rank 0] mxnet_mpi: stall warning: MPI_Finalize has " \
             "waited 1.5 s" in out, out[-3000:]
         ranks = [p for h in cluster.hosts for p in netns.netns_pids(h)
-                 if "netfault_edges" in open("/proc/%d/cmdline" % p).read()]
+                 if "netfault_edges" in _proc_text(p, "cmdline")]
         deadline = time.monotonic() + 15   # the rank under the stopped daemon ends too
         while ranks and time.monotonic() < deadline:
-            ranks = [p for p in ranks if os.path.exists("/proc/%d" % p)
-                     and open("/proc/%d/stat" % p).read().split()[2] != "Z"]
+            ranks = [p for p in ranks if _proc_text(p, "stat").split()[2:3] not in ([], ["Z"])]
             time.sleep(0.2)
         assert ranks == [], "ranks still running: %s" % ranks
     finally:
