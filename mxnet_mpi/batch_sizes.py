@@ -20,7 +20,7 @@ last step (weight_writes.py): summed, it tells every rank to compare them.
 
 ``d_i`` are the bits of a 32-bit digest of the rank's optimizer settings
 (followed by 16 bits of a digest of them without the values an optimizer
-advances per device copy, which tells that cause apart in the error)
+advances as it updates, which tells that cause apart in the error)
 (optimizer_settings.py). Summed over the m ranks that took part, each is 0 or
 m when every rank holds the same digest, and only then: any other sum means
 the optimizers differ, and every rank sees the same sums, so every rank
@@ -45,7 +45,7 @@ NAME = "the batch sizes"
 #: Bits of the optimizer settings' digest that ride with the batch sizes.
 DIGEST_BITS = 32
 #: Bits of a second digest, of the settings without the values an optimizer
-#: advances per device copy (optimizer_settings.without_progress): where it
+#: advances as it updates (optimizer_settings.without_progress): where it
 #: agrees and the first does not, the error names that cause.
 SETTINGS_BITS = 16
 #: Elements of the array: [batch size, 1, stale, written, digest bits...,

@@ -133,19 +133,19 @@ def describe_params(name: str, params: dict) -> str:
 # Values an optimizer advances as it updates (MXNet's Nadam: m_schedule, at
 # each update call): not settings, though the texts carry them; where only
 # they differ, some rank loaded other states.
-_PER_COPY = {"m_schedule": "Nadam"}
+_ADVANCED = {"m_schedule": "Nadam"}
 
 
 def without_progress(text: str) -> str:
-    """`text` (describe's) without the values an optimizer advances per device
-    copy (_PER_COPY)."""
-    return ", ".join(f for f in text.split(", ") if f.split("=", 1)[0] not in _PER_COPY)
+    """`text` (describe's) without the values an optimizer advances as it
+    updates (_ADVANCED)."""
+    return ", ".join(f for f in text.split(", ") if f.split("=", 1)[0] not in _ADVANCED)
 
 
 def advice(text: str) -> str:
     """Why `text` (describe's) differs between ranks whose texts differ only
-    in values an optimizer advances per device copy."""
-    for name, owner in _PER_COPY.items():
+    in values an optimizer advances as it updates."""
+    for name, owner in _ADVANCED.items():
         if ", %s=" % name in text:
             return (" Only %s's %s differs, which is not a setting but what its updates "
                     "advanced: some rank loaded optimizer states (load_states) that the "

@@ -1,8 +1,8 @@
 """A scheduler that changes the rate every step and a branch (parameters 0
 and 1) taken in even steps only, ignore_stale_grad=True, 6 steps in one
-process; prints the weights as one JSON line.
+process, per optimizer; prints {optimizer: weights} as one JSON line.
 
-  python branch_training.py OPTIMIZER [--one-at-a-time]
+  python branch_training.py OPTIMIZER[,OPTIMIZER...] [--one-at-a-time]
 
 --one-at-a-time: as in a rank of an MPI job, where mxnet_mpi chose to update
 one weight at a time (import mxnet_mpi with its choice recorded); without it,
@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-OPTIMIZER, ONE = sys.argv[1], "--one-at-a-time" in sys.argv
+OPTIMIZERS, ONE = sys.argv[1].split(","), "--one-at-a-time" in sys.argv
 if ONE:
     from _mxnet_mpi_autoload import AGGREGATION_VAR, SET_HERE
     os.environ[AGGREGATION_VAR] = SET_HERE[AGGREGATION_VAR] = "1"
@@ -34,20 +34,24 @@ class Branch(mx.gluon.Block):
         return self.b(self.a(x) if use_a else x)
 
 
-net = Branch()
-net.initialize()
-rng = np.random.RandomState(1)
-for p in net.collect_params().values():
-    p.set_data(mx.nd.array(rng.randn(*p.shape) * 0.5))
-params = {"lr_scheduler": mx.lr_scheduler.FactorScheduler(step=1, factor=0.7, base_lr=0.1)}
-if OPTIMIZER in ("sgd", "lars"):
-    params["momentum"] = 0.9
-trainer = mx.gluon.Trainer(net.collect_params(), OPTIMIZER, params, kvstore=None)
-x = np.random.RandomState(0).randn(6, 8, 5).astype("f4")
-for step in range(6):
-    with mx.autograd.record():
-        loss = (net(mx.nd.array(x[step]), step % 2 == 0) ** 2).sum()
-    loss.backward()
-    trainer.step(8, ignore_stale_grad=True)
-print(json.dumps(np.concatenate([p.data().asnumpy().ravel()
-                                 for p in net.collect_params().values()]).tolist()))
+def train(optimizer: str) -> list:
+    net = Branch()
+    net.initialize()
+    rng = np.random.RandomState(1)
+    for p in net.collect_params().values():
+        p.set_data(mx.nd.array(rng.randn(*p.shape) * 0.5))
+    params = {"lr_scheduler": mx.lr_scheduler.FactorScheduler(step=1, factor=0.7, base_lr=0.1)}
+    if optimizer in ("sgd", "lars"):
+        params["momentum"] = 0.9
+    trainer = mx.gluon.Trainer(net.collect_params(), optimizer, params, kvstore=None)
+    x = np.random.RandomState(0).randn(6, 8, 5).astype("f4")
+    for step in range(6):
+        with mx.autograd.record():
+            loss = (net(mx.nd.array(x[step]), step % 2 == 0) ** 2).sum()
+        loss.backward()
+        trainer.step(8, ignore_stale_grad=True)
+    return np.concatenate([p.data().asnumpy().ravel()
+                           for p in net.collect_params().values()]).tolist()
+
+
+print(json.dumps({name: train(name) for name in OPTIMIZERS}))
