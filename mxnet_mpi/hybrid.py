@@ -290,10 +290,13 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         self.name_keys({idx: p.name for idx, p in enumerate(params)})
         self.settle_deferred(params)
         # which parameter each key's weight on the servers is: the first
-        # Trainer's (the servers keep it, also once that Trainer is gone)
+        # Trainer's (the servers keep it, also once that Trainer is gone), or
+        # none where the store's own init put a value there first
         held = vars(self).setdefault("_mxmpi_held", {})
         for idx, param in enumerate(params):
-            held.setdefault(idx, (param.name, weakref.ref(param)))
+            if idx not in held:
+                held[idx] = (param.name, weakref.ref(param)) if idx not in self._server_keys \
+                    else (None, lambda: None)
         keys, vals = [], []
         for idx, param in enumerate(params):
             if param._deferred_init:
@@ -357,9 +360,10 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
                     "update_on_kvstore=False (the servers then only sum), or over the "
                     "parameters of the store's first Trainer" % (
                         self.type, i, "the sum of the gradients of local-update steps"
-                        if ref() is p else "the weight of an earlier Trainer's parameter "
-                        "%r%s" % (name, "" if ref() is not None else " (gone from this "
-                                  "process; the servers keep it)"), p.name))
+                        if ref() is p else "the value the store's own init (kv.init) gave "
+                        "it" if name is None else "the weight of an earlier Trainer's "
+                        "parameter %r%s" % (name, "" if ref() is not None else " (gone from "
+                                            "this process; the servers keep it)"), p.name))
 
     def _check_optimizer_unchanged(self) -> None:
         """The servers run the optimizer as it was sent: a setting changed on the

@@ -27,6 +27,7 @@ from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_
 from .errors import MPIKVStoreError
 from .kvstore import SPARSE_HINT, MPIKVStore
 from .module_states import ModuleStates, spread_counts
+from .optimizer_fixes import new_step
 from .optimizer_settings import describe, describe_params
 from .param_order import agreed_order
 from .stale_grads import COUNTS_DESC, FreshCounts, stale_gradient, zero_stale
@@ -333,6 +334,7 @@ def _patch_trainer() -> None:
             self._mxmpi_agreed = agreed
 
     def _update(self, ignore_stale_grad=False):
+        new_step(self._optimizer)   # Nadam's copies on several devices (optimizer_fixes)
         agreed = getattr(self, "_mxmpi_agreed", None)
         if agreed is not None:
             self._mxmpi_agreed = None
@@ -557,6 +559,7 @@ def _patch_module() -> None:
         kv = self._kvstore
         what = "Module.update %d" % self._mxmpi_count
         kv.share_noise(self._optimizer)   # SGLD: the same noise on every rank
+        new_step(self._optimizer)   # Nadam's copies on several devices (optimizer_fixes)
         with kv.serving(what + ": gradient allreduce"), \
                 kv.owned_by(getattr(self, "_mxmpi_owner", "")):
             _module_checks(self, kv, what)

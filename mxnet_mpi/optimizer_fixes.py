@@ -35,7 +35,10 @@ Nadam multiplies its ``m_schedule`` at each update call: where each device's
 copy is updated (a rank's own updates, as on mxnet_mpi's stores), a second
 device's copies took the schedule on from the first's, so they drifted apart
 from them and from ranks with one device. Here another device's copy of a
-parameter starts from the schedule the first device's copy started from.
+parameter in the same step (of a Trainer, or of a Module on mxnet_mpi's
+stores: new_step) starts from the schedule the first copy started from; a
+program that moves to other devices, or keeps parameters on different ones,
+updates as with MXNet alone.
 
 SGLD adds Gaussian noise to every weight it updates, drawn from MXNet's
 random generator: where each rank (and each device) updates its own copy,
@@ -100,19 +103,32 @@ def _param_ident(opt, index):
     return index if index in params else opt.idx2name.get(index, index)
 
 
+def new_step(optimizer) -> None:
+    """A Trainer's or Module's update of all its parameters begins (Nadam's
+    copies on several devices tell the step's first copy from the others by
+    it); through a wrapper (mxnet_mpi.horovod's, Horovod's), its optimizer."""
+    inner = vars(optimizer).get("_optimizer")
+    if isinstance(inner, mx.optimizer.Optimizer):
+        optimizer = inner
+    optimizer._mxmpi_step = vars(optimizer).get("_mxmpi_step", 0) + 1
+
+
 def _nadam_per_device(orig):
     @functools.wraps(orig)
     def update(self, index, weight, grad, state):
-        device = weight.context.device_id
-        first = vars(self).setdefault("_mxmpi_nadam_device", device)
+        step = vars(self).get("_mxmpi_step")
+        if step is None:   # no Trainer or Module of ours marks its steps: as MXNet alone
+            return orig(self, index, weight, grad, state)
         before = vars(self).setdefault("_mxmpi_m_before", {})
         ident = _param_ident(self, index)
-        if device == first:
-            before[ident] = self.m_schedule
+        started = before.get(ident)
+        if started is None or started[0] != step:
+            # this parameter's first copy in this step: as MXNet alone
+            before[ident] = (step, self.m_schedule)
             return orig(self, index, weight, grad, state)
-        # another device's copy: from the schedule the first device's copy of
-        # this parameter started its update with
-        own, self.m_schedule = self.m_schedule, before.get(ident, self.m_schedule)
+        # another device's copy in the same step: from the schedule the first
+        # copy started from
+        own, self.m_schedule = self.m_schedule, started[1]
         try:
             return orig(self, index, weight, grad, state)
         finally:

@@ -43,7 +43,8 @@ def run_cases(cases: list, kvstore: str = "dist_sync_mpi", groups: int = GROUPS)
 
 
 # The sync cases share one launched job: each needs the cluster, none breaks it.
-SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows", "other_params", "lr_changed"]
+SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows", "other_params", "raw_key",
+              "lr_changed"]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,15 @@ def test_trainers_over_other_parameters_cannot_share_server_weights(sync_rows):
     for r in sync_rows["other_params"]:
         assert r["error"] is not None and "key 0 holds the weight of an earlier Trainer's " \
             "parameter" in r["error"] and "update_on_kvstore=False" in r["error"], r
+
+
+def test_trainer_at_a_key_the_stores_own_init_gave_a_value_is_refused(sync_rows):
+    """kv.init(2, 7s), then a server-update Trainer whose parameter 2 has that
+    shape: the servers updated the 7s as its weight (6.8 after a step at
+    rate 0, exit 0). Refused at its step, naming the key."""
+    for r in sync_rows["raw_key"]:
+        assert r["error"] is not None and "key 2 holds the value the store's own init" \
+            in r["error"], r
 
 
 def test_learning_rate_changed_after_the_optimizer_went_to_the_servers(sync_rows):

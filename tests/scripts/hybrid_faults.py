@@ -38,6 +38,17 @@ rank, size = kv.rank, kv.num_workers
 SHARED: list = []   # a net whose Trainers' keys the servers hold
 
 
+class Beside(gluon.Block):
+    """Two layers on the same input, summed: `a`'s parameters come first."""
+
+    def __init__(self, a, b):
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
 def run_case(case: str) -> dict:
     out: dict = {"rank": rank, "group": kv.group, "case": case}
     if case == "uninit_pull":
@@ -94,6 +105,22 @@ def run_case(case: str) -> dict:
                     loss = net(x).sum()
                 loss.backward()
                 tr.step(1)
+            out["error"] = None
+        except mxnet_mpi.MPIKVStoreError as e:
+            out["error"] = str(e)
+    elif case == "raw_key":
+        # key 2 gets a value of the store's own init first; then a Trainer over
+        # two_trainers' layer (keys 0 and 1) and a new one beside it (keys 2 and
+        # 3, the layout uninit_pull gave key 3)
+        kv.init(2, mx.nd.ones((2,)) * 7)
+        net = Beside(SHARED[0], gluon.nn.Dense(2, in_units=3))
+        net.b.initialize(mx.init.Constant(0.5))
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore=kv)
+        try:
+            with mx.autograd.record():
+                loss = net(mx.nd.ones((1, 3))).sum()
+            loss.backward()
+            trainer.step(1)
             out["error"] = None
         except mxnet_mpi.MPIKVStoreError as e:
             out["error"] = str(e)
