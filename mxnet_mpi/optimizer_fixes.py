@@ -27,9 +27,9 @@ scheduler or ``set_learning_rate`` changed it. MXNet 1.9 moves "the last
 step's rate" at every update call, so only the weights of a step's first call
 got the correction: the first group of 4 (MXNet's default size), one weight
 at a time, the first device's copies only (the others' then differ from it).
-Here the rates move once per step (an updater's call on the first device),
-and every weight of the step, on every device, gets the correction, whatever
-the group size.
+Here the rates move once per step (of a Trainer, or of a Module on
+mxnet_mpi's stores: new_step; else the step number), and every weight of
+the step, on every device, gets the correction, whatever the group size.
 
 Nadam multiplies its ``m_schedule`` at each update call: where each device's
 copy is updated (a rank's own updates, as on mxnet_mpi's stores), a second
@@ -104,9 +104,10 @@ def _param_ident(opt, index):
 
 
 def new_step(optimizer) -> None:
-    """A Trainer's or Module's update of all its parameters begins (Nadam's
-    copies on several devices tell the step's first copy from the others by
-    it); through a wrapper (mxnet_mpi.horovod's, Horovod's), its optimizer."""
+    """A Trainer's or Module's update of all its parameters begins (LARS's
+    rates move once per step, and Nadam's copies on several devices tell the
+    step's first copy from the others by it); through a wrapper
+    (mxnet_mpi.horovod's, Horovod's), its optimizer."""
     inner = vars(optimizer).get("_optimizer")
     if isinstance(inner, mx.optimizer.Optimizer):
         optimizer = inner
@@ -160,10 +161,6 @@ def _updater_call(orig):
         if not weights or not isinstance(weights[0], mx.nd.NDArray):
             return orig(self, index, grad, weight)
         device = weights[0].context.device_id
-        # an update call on the first device the optimizer saw starts a step
-        # (the other devices' calls of a Trainer step follow it): LARS's rates
-        if vars(opt).setdefault("_mxmpi_first_device", device) == device:
-            opt._mxmpi_calls = vars(opt).get("_mxmpi_calls", 0) + 1
         group = _mxnet_group(opt)
         if group is None or not listed or len(index) <= 1:
             return orig(self, index, grad, weight)
@@ -184,9 +181,8 @@ def _updater_call(orig):
 def _lars_rates_per_step(orig):
     @functools.wraps(orig)
     def _get_lrs(self, indices):
-        # a step: an updater's call on the first device (see _updater_call),
-        # else (the optimizer called directly) the step number
-        step = vars(self).get("_mxmpi_calls", self.num_update)
+        # a step: a Trainer's or Module's (new_step), else the step number
+        step = vars(self).get("_mxmpi_step", self.num_update)
         if getattr(self, "_mxmpi_rates_step", None) != step or self.cur_lr is None:
             self._mxmpi_rates_step = step
             return orig(self, indices)   # a new step: its rate, the last one's kept

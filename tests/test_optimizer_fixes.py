@@ -145,10 +145,11 @@ def test_skipped_steps_train_as_with_mxnets_groups():
                                    err_msg=name)
 
 
-def test_nadam_moved_to_another_device_updates_as_mxnet_alone():
+def test_moved_to_another_device_updates_as_mxnet_alone():
     """Nadam's second-device mend keyed a parameter's copies by the first
     device it ever saw: moved to another device (reset_ctx, or states loaded
-    there), its m_schedule froze (0.025 away from MXNet alone in 5 steps)."""
+    there), its m_schedule froze (0.025 away from MXNet alone in 5 steps);
+    LARS's step marker came from the same first device."""
     script = str(ROOT / "tests" / "scripts" / "nadam_moves.py")
     got = []
     for autoload in ("1", "0"):
@@ -156,8 +157,9 @@ def test_nadam_moved_to_another_device_updates_as_mxnet_alone():
         proc = subprocess.run([sys.executable, script], capture_output=True, text=True,
                               env=env, cwd=str(ROOT), timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        got.append(np.array(json.loads(proc.stdout.strip().splitlines()[-1])))
-    np.testing.assert_array_equal(got[0], got[1])
+        got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for name in ("nadam", "lars"):
+        np.testing.assert_array_equal(got[0][name], got[1][name], err_msg=name)
 
 
 SAVE = """
