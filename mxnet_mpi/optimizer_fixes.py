@@ -114,14 +114,41 @@ def new_step(optimizer) -> None:
     optimizer._mxmpi_step = vars(optimizer).get("_mxmpi_step", 0) + 1
 
 
+def _step_of(opt, ident, device: int):
+    """The step an update of `ident`'s copy on `device` belongs to: new_step's
+    mark, and within it, an update of a copy already updated since the mark
+    (the updater called by hand after a Trainer's step) starts another; None
+    where nothing marks steps."""
+    mark = vars(opt).get("_mxmpi_step")
+    if mark is None:
+        return None
+    key = vars(opt).get("_mxmpi_step_key")
+    seen = vars(opt).setdefault("_mxmpi_seen", set())
+    if key is None or key[0] != mark:
+        key = (mark, 0)
+        seen.clear()
+    if (ident, device) in seen:
+        key = (mark, key[1] + 1)
+        seen.clear()
+    seen.add((ident, device))
+    opt._mxmpi_step_key = key
+    return key
+
+
+def _device_of(opt) -> int:
+    """The device whose update counts `opt` keeps now (Updater sets it)."""
+    return next((d for d, counts in opt._all_index_update_counts.items()
+                 if counts is opt._index_update_count), 0)
+
+
 def _nadam_per_device(orig):
     @functools.wraps(orig)
     def update(self, index, weight, grad, state):
-        step = vars(self).get("_mxmpi_step")
+        ident = _param_ident(self, index)
+        step = _step_of(self, ident, weight.context.device_id)
         if step is None:   # no Trainer or Module of ours marks its steps: as MXNet alone
             return orig(self, index, weight, grad, state)
         before = vars(self).setdefault("_mxmpi_m_before", {})
-        ident = _param_ident(self, index)
         started = before.get(ident)
         if started is None or started[0] != step:
             # this parameter's first copy in this step: as MXNet alone
@@ -182,7 +209,9 @@ def _lars_rates_per_step(orig):
     @functools.wraps(orig)
     def _get_lrs(self, indices):
         # a step: a Trainer's or Module's (new_step), else the step number
-        step = vars(self).get("_mxmpi_step", self.num_update)
+        step = _step_of(self, ("lars", _param_ident(self, indices[0])), _device_of(self)) \
+            if indices else None
+        step = self.num_update if step is None else step
         if getattr(self, "_mxmpi_rates_step", None) != step or self.cur_lr is None:
             self._mxmpi_rates_step = step
             return orig(self, indices)   # a new step: its rate, the last one's kept

@@ -32,4 +32,26 @@ def train(name: str) -> list:
                            for p in net.collect_params().values()]).tolist()
 
 
-print(json.dumps({name: train(name) for name in ("nadam", "lars")}))
+def by_hand(name: str) -> list:
+    """One Trainer step, then the Trainer's updater called by hand: updates no
+    Trainer step marks (an earlier mend took them for another device's copy
+    of the marked step, and froze Nadam's schedule)."""
+    net = mx.gluon.nn.Dense(3, in_units=5)
+    net.initialize(mx.init.Constant(0.2))
+    trainer = mx.gluon.Trainer(net.collect_params(), name, {"learning_rate": 0.05})
+    x = np.random.RandomState(0).randn(4, 8, 5).astype("f4")
+    for step in range(4):
+        with mx.autograd.record():
+            loss = (net(mx.nd.array(x[step])) ** 2).sum()
+        loss.backward()
+        if step == 0:
+            trainer.step(8)
+        else:
+            trainer._optimizer.rescale_grad = 1 / 8.
+            for i, p in enumerate(trainer._params):
+                trainer._updaters[0](i, p.grad(), p.data())
+    return net.weight.data().asnumpy().ravel().tolist()
+
+
+print(json.dumps({"nadam": train("nadam"), "lars": train("lars"),
+                  "nadam_by_hand": by_hand("nadam")}))
