@@ -49,6 +49,19 @@ class Beside(gluon.Block):
         return self.a(x) + self.b(x)
 
 
+def step_error(pairs) -> str | None:
+    """One step of each (net, trainer) on ones: None, or the store's error."""
+    try:
+        for net, trainer in pairs:
+            with mx.autograd.record():
+                loss = net(mx.nd.ones((1, 3))).sum()
+            loss.backward()
+            trainer.step(1)
+        return None
+    except mxnet_mpi.MPIKVStoreError as e:
+        return str(e)
+
+
 def run_case(case: str) -> dict:
     out: dict = {"rank": rank, "group": kv.group, "case": case}
     if case == "uninit_pull":
@@ -98,16 +111,7 @@ def run_case(case: str) -> dict:
             net.initialize(mx.init.Constant(0.5))
             trainers.append(gluon.Trainer(net.collect_params(), "sgd",
                                           {"learning_rate": 0.1}, kvstore=kv))
-        x = mx.nd.ones((1, 3))
-        try:
-            for net, tr in zip(nets, trainers):
-                with mx.autograd.record():
-                    loss = net(x).sum()
-                loss.backward()
-                tr.step(1)
-            out["error"] = None
-        except mxnet_mpi.MPIKVStoreError as e:
-            out["error"] = str(e)
+        out["error"] = step_error(zip(nets, trainers))
     elif case == "raw_key":
         # key 2 gets a value of the store's own init first; then a Trainer over
         # two_trainers' layer (keys 0 and 1) and a new one beside it (keys 2 and
@@ -116,14 +120,7 @@ def run_case(case: str) -> dict:
         net = Beside(SHARED[0], gluon.nn.Dense(2, in_units=3))
         net.b.initialize(mx.init.Constant(0.5))
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore=kv)
-        try:
-            with mx.autograd.record():
-                loss = net(mx.nd.ones((1, 3))).sum()
-            loss.backward()
-            trainer.step(1)
-            out["error"] = None
-        except mxnet_mpi.MPIKVStoreError as e:
-            out["error"] = str(e)
+        out["error"] = step_error([(net, trainer)])
     elif case == "lr_changed":
         # two_trainers' net, whose weights hold keys 0 and 1 on the servers
         net = SHARED[0] if SHARED else gluon.nn.Dense(2, in_units=3)
