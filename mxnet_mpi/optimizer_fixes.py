@@ -103,14 +103,19 @@ def _param_ident(opt, index):
     return index if index in params else opt.idx2name.get(index, index)
 
 
+def _unwrapped(opt):
+    """The optimizer a wrapper (mxnet_mpi.horovod's, Horovod's
+    DistributedOptimizer) holds, else `opt`."""
+    inner = vars(opt).get("_optimizer")
+    return inner if isinstance(inner, mx.optimizer.Optimizer) else opt
+
+
 def new_step(optimizer) -> None:
     """A Trainer's or Module's update of all its parameters begins (LARS's
     rates move once per step, and Nadam's copies on several devices tell the
     step's first copy from the others by it); through a wrapper
     (mxnet_mpi.horovod's, Horovod's), its optimizer."""
-    inner = vars(optimizer).get("_optimizer")
-    if isinstance(inner, mx.optimizer.Optimizer):
-        optimizer = inner
+    optimizer = _unwrapped(optimizer)
     optimizer._mxmpi_step = vars(optimizer).get("_mxmpi_step", 0) + 1
 
 
@@ -179,10 +184,7 @@ def _mxnet_group(opt) -> int | None:
 def _updater_call(orig):
     @functools.wraps(orig)
     def __call__(self, index, grad, weight):
-        opt = self.optimizer
-        inner = vars(opt).get("_optimizer")   # a wrapper's (mxnet_mpi.horovod, Horovod)
-        if isinstance(inner, mx.optimizer.Optimizer):
-            opt = inner
+        opt = _unwrapped(self.optimizer)
         listed = isinstance(index, (list, tuple))
         weights = list(weight) if listed else [weight]
         if not weights or not isinstance(weights[0], mx.nd.NDArray):
@@ -209,7 +211,7 @@ def _lars_rates_per_step(orig):
     @functools.wraps(orig)
     def _get_lrs(self, indices):
         # a step: a Trainer's or Module's (new_step), else the step number
-        step = _step_of(self, ("lars", _param_ident(self, indices[0])), _device_of(self)) \
+        step = _step_of(self, _param_ident(self, indices[0]), _device_of(self)) \
             if indices else None
         step = self.num_update if step is None else step
         if getattr(self, "_mxmpi_rates_step", None) != step or self.cur_lr is None:
