@@ -131,6 +131,7 @@ class HybridKVStore(GroupRouting, ServerClient, DensePath, SparsePath, MPIKVStor
         # stays: kv.comm names it (for collectives over the store's group)
         super().__init__(mode, comm=group)
         self._world = world                  # initial weights come from world rank 0
+        self._keys.own_keys = "the servers keep a key's first one for the whole job: use "
         self._world_stream = Stream(_native.EXEC_CHAINED, world, self.type + " (world)")
         self._is_ps_worker = self._route_name == "sharded" or self._comm.rank == 0
         self._dist = None

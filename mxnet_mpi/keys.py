@@ -64,7 +64,7 @@ def check_optimizer(optimizer) -> None:
 class KeyInfo:
     """The layout of a key (from its first use) and its descriptions."""
 
-    __slots__ = ("key", "shape", "dtype", "_descs", "_book")
+    __slots__ = ("key", "shape", "dtype", "_descs", "_book", "first_user")
 
     def __init__(self, key: Key, shape: tuple, dtype, book: KeyBook | None = None) -> None:
         self.key = key
@@ -72,6 +72,9 @@ class KeyInfo:
         self.dtype = np.dtype(dtype)
         self._descs: dict = {}
         self._book = book
+        # (owner, parameter name or None) of the first use: a later use by
+        # another parameter is named beside it when the layouts differ
+        self.first_user = (book.owner, book._name_of(key)) if book is not None else None
 
     def desc(self, verb: str) -> str:
         """What ranks agree on for `verb` of this key (key, shape, dtype, and
@@ -103,6 +106,9 @@ class KeyBook:
         # (the same keys and shapes) fail instead of summing one's gradients
         # into the other's.
         self.owner = ""
+        # how the users of one store object get keys of their own (hybrid
+        # stores: none, as ps-lite allows one store per process)
+        self.own_keys = "give each its own store (kvstore='mpi' as a string), or use "
 
     def get(self, key: Key) -> KeyInfo | None:
         return self._keys.get(key)
@@ -147,10 +153,25 @@ class KeyBook:
         if info is None:
             info = self._keys[key] = KeyInfo(key, shape, dtype, self)
         elif info.shape != shape or info.dtype != dtype:
-            raise MPIKVStoreError("%s was first used with shape %s and dtype %s, now %s "
-                                  "and %s" % (self.what(key), info.shape, info.dtype, shape,
-                                              dtype))
+            first, why = self._other_user(info)
+            raise MPIKVStoreError("%s%s was first used with shape %s and dtype %s%s, now %s "
+                                  "and %s%s" % (self.what(key), self.owner if first else "",
+                                                info.shape, info.dtype, first, shape, dtype,
+                                                why))
         return info
+
+    def _other_user(self, info: KeyInfo) -> tuple[str, str]:
+        """Where another parameter, or the store's own calls, first used the
+        key: who, and why the key is shared ("", "" if the same user)."""
+        if info.first_user is None or info.first_user == (self.owner, self._name_of(info.key)):
+            return "", ""
+        owner, name = info.first_user
+        first = (" by parameter %r%s" % (name, owner) if name is not None
+                 else " by the store's own calls")
+        return first, (": a store's keys keep their first shape and dtype, and the Trainers "
+                       "and Modules that share one store object use the same keys (a "
+                       "parameter's position in each): %sone Trainer over all the "
+                       "parameters" % self.own_keys)
 
     def token(self, op: int, verb: str, key: Key, value, reason: str) -> Call:
         """The token a failed call on `key` leaves in the sequence, described as

@@ -117,8 +117,8 @@ def test_trainers_sharing_one_store_are_paired_by_trainer():
     different ranks, one net's gradients were summed into the other's on
     every rank, silently (the collectives' keys and shapes matched). Now every
     rank raises, naming the store's second Trainer."""
-    proc = run_mpi("shared_store.py", 2, "same,order", timeout=120)
+    proc = run_mpi("shared_store.py", 2, "same,order,shapes", timeout=120)
     got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     want = sorted("RESULT %d %s" % (r, c) for r in (0, 1)
-                  for c in ("same matches", "order refused"))
+                  for c in ("same matches", "order refused", "shapes refused, own stores match"))
     assert got == want, proc.stdout + proc.stderr[-3000:]

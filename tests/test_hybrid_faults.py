@@ -44,7 +44,7 @@ def run_cases(cases: list, kvstore: str = "dist_sync_mpi", groups: int = GROUPS)
 
 # The sync cases share one launched job: each needs the cluster, none breaks it.
 SYNC_CASES = ["uninit_pull", "two_trainers", "rsp_no_rows", "other_params", "raw_key",
-              "lr_changed"]
+              "sub_block", "lr_changed"]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,19 @@ def test_trainer_at_a_key_the_stores_own_init_gave_a_value_is_refused(sync_rows)
     for r in sync_rows["raw_key"]:
         assert r["error"] is not None and "key 2 holds the value the store's own init" \
             in r["error"], r
+
+
+def test_trainer_of_other_shapes_at_held_keys_names_both_parameters(sync_rows):
+    """A Trainer whose parameters have other shapes at keys the servers hold
+    for an earlier Trainer: the message named only the new parameter, as if
+    it had changed shape. It names the parameter that first used the key and
+    says the servers keep it."""
+    for r in sync_rows["sub_block"]:
+        # two_trainers' layer is the script's first block; a Trainer's key 0
+        # is its bias (gluon.Trainer sorts a ParameterDict by name)
+        assert r["error"] is not None and "was first used with shape (2,)" in r["error"], r
+        assert "by parameter 'dense0_bias'" in r["error"] and "the servers keep a key's " \
+            "first one" in r["error"], r
 
 
 def test_learning_rate_changed_after_the_optimizer_went_to_the_servers(sync_rows):

@@ -7,6 +7,8 @@ uninit_pull   pull of a key never initialised: every rank of every group gets th
 rsp_no_rows   row_sparse_pull where no rank of a group asks for a row.
 two_trainers  three Trainers on one store (MXNet's tests do this): no key is
               re-initialised on the servers; training still matches.
+sub_block     a Trainer whose parameters have other shapes at keys 0 and 1 than
+              two_trainers' layer there: refused, naming both.
 lr_changed    a Trainer's learning rate set on every rank after a step (the servers
               run the optimizer as sent): the next step is refused on every rank.
 train_steps   5 steps, READY after the first, then 3 s of other work before the
@@ -121,6 +123,15 @@ def run_case(case: str) -> dict:
         net.b.initialize(mx.init.Constant(0.5))
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore=kv)
         out["error"] = step_error([(net, trainer)])
+    elif case == "sub_block":
+        net = gluon.nn.Dense(4, in_units=3)
+        net.initialize(mx.init.Constant(0.5))
+        try:
+            trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                    kvstore=kv)
+            out["error"] = step_error([(net, trainer)])
+        except mxnet_mpi.MPIKVStoreError as e:
+            out["error"] = str(e)
     elif case == "lr_changed":
         # two_trainers' net, whose weights hold keys 0 and 1 on the servers
         net = SHARED[0] if SHARED else gluon.nn.Dense(2, in_units=3)

@@ -8,6 +8,9 @@ same   every rank steps them in the same order: each net gets its own sums
 order  rank 1 steps them in the other order: every rank raises, naming the
        store's second Trainer and each rank's parameters (it summed one net's
        gradients into the other's, silently).
+shapes a second Trainer over a sub-block's parameters (other shapes at the
+       same keys) is refused, naming both keys' parameters and the fix; with a
+       store of its own (kvstore='mpi') it trains as one process does.
 
 Prints "RESULT <rank> <case> <outcome>".
 """
@@ -68,5 +71,43 @@ def order() -> str:
         return "refused" if said else "other: " + text[:600]
 
 
+def shapes() -> str:
+    def train(stores, rows: list) -> list:
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(4, in_units=5), mx.gluon.nn.Dense(2, in_units=4))
+        net.initialize(mx.init.Constant(0.1))
+        NETS[:] = [net]
+        k1, k2 = stores()
+        t1 = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=k1)
+        t2 = mx.gluon.Trainer(net[1].collect_params(), "sgd", {"learning_rate": 0.1},
+                              kvstore=k2)
+        x = mx.nd.array(np.concatenate([np.full((2, 5), r + 1.0) for r in rows]))
+        for t in (t1, t2, t1):
+            with mx.autograd.record():
+                loss = net(x).sum()
+            loss.backward()
+            t.step(2)
+        return [p.data().asnumpy() for p in net.collect_params().values()]
+
+    def one_store():
+        kv = mx.kv.create("mpi")
+        return kv, kv
+
+    try:
+        train(one_store, [RANK])
+        return "trained on one store"
+    except mxnet_mpi.MPIKVStoreError as e:
+        # key 0: each Trainer's first parameter by name (the bias)
+        text, first, second = str(e), NETS[0][0].bias.name, NETS[0][1].bias.name
+        if "key 0 (parameter %r) for the store's Trainer 2" % second not in text or \
+                "by parameter %r" % first not in text or "its own store" not in text:
+            return "other: " + text[:600]
+    mine = train(lambda: ("mpi", "mpi"), [RANK])
+    ref = train(lambda: (None, None), list(range(SIZE)))
+    return "refused, own stores match" if all(
+        np.allclose(m, r, rtol=1e-6) for m, r in zip(mine, ref)) else "own stores differ"
+
+
 for case in CASES:
-    print("RESULT %d %s %s" % (RANK, case, {"same": same, "order": order}[case]()), flush=True)
+    run = {"same": same, "order": order, "shapes": shapes}[case]
+    print("RESULT %d %s %s" % (RANK, case, run()), flush=True)
