@@ -603,11 +603,19 @@ def _patch_module() -> None:
 
 
 def _trained_modules(module) -> list:
-    """The Modules that Module.fit trains under `module` (a BucketingModule's
-    current one: its buckets share weights, updater and store)."""
+    """The Modules that Module.fit trains under `module`. A BucketingModule's
+    buckets share weights, updater and store: the one that ran init_optimizer
+    (the store's, the same on every rank; the others borrow it), not the
+    current bucket, which differs from rank to rank."""
     if isinstance(module, mx.mod.Module):
         return [module]
     if isinstance(module, mx.mod.BucketingModule):
+        buckets = list(module._buckets.values())
+        owners = [m for m in buckets
+                  if isinstance(getattr(m, "_kvstore", None), KVStoreBase)
+                  and any(a is m for a in joining.attached_modules(m._kvstore))]
+        if owners:
+            return owners[:1]
         return [module._curr_module] if module._curr_module is not None else []
     if isinstance(module, mx.mod.SequentialModule):
         return [m for sub in module._modules for m in _trained_modules(sub)]

@@ -1,7 +1,8 @@
 """BucketingModule and SequentialModule with our store on 2 ranks (rank r has
 2 + 2 r batches where the data is uneven).
 
-  bucketing.py fit_uneven      BucketingModule.fit joins at each end of epoch
+  bucketing.py fit_uneven      BucketingModule.fit joins at each end of epoch (the
+                               ranks end them in different buckets)
   bucketing.py write_other     rank 0 set_params while a non-default bucket is current
   bucketing.py sequential      SequentialModule.fit on uneven data: named at the epoch's end
 """
@@ -39,7 +40,9 @@ class Buckets(mx.io.DataIter):
         self.default_bucket_key = 5
         self.provide_data = [mx.io.DataDesc("data", (BATCH, 5, 2))]
         self.provide_label = [mx.io.DataDesc("lin_label", (BATCH, 1))]
-        self.batches = [batch(3 + 2 * (i % 2)) for i in range(n)]
+        # rank 0 ends its epochs in the default bucket, rank 1 in another: the
+        # join ran on each rank's current bucket, which differed
+        self.batches = [batch(3 + 2 * ((i + rank) % 2)) for i in range(n)]
         self.i = 0
 
     def reset(self):
