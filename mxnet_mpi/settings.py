@@ -74,7 +74,8 @@ class Setting:
             low = text.lower()
             if low in _TRUE or low in _FALSE:
                 return low in _TRUE
-            raise _bad("%s must be 0 or 1, got %r" % (self.name, raw))
+            raise _bad("%s must be 0 or 1 (or true/false, yes/no, on/off), got %r"
+                       % (self.name, raw))
         if self.kind == "choice":
             low = text.lower()
             if low not in self.choices:
@@ -354,6 +355,7 @@ def markdown() -> str:
     """The table as docs/settings.md shows it."""
     lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
     lines += ["| `%s` | %s | %s |" % (s.name, s.shown_default, s.doc) for s in TABLE]
+    lines += ["", "A switch (default 0 or 1) also takes true/false, yes/no or on/off."]
     lines += ["", "Compared across the ranks as MPI starts (a difference is an error naming "
               "the variable and the ranks that hold each value): %s." % ", ".join(
                   "`%s`" % name for name in AGREED)]

@@ -53,6 +53,23 @@ def write(out: str, rank: int) -> str:
     return out
 
 
+def unwritable(out: str) -> str | None:
+    """Why the file `out` cannot be written (checked without creating it:
+    a failed run leaves no empty trace behind), or None."""
+    target = Path(out)
+    if target.is_dir():
+        return "%s is a directory" % out
+    if target.exists():
+        return None if os.access(target, os.W_OK) else "%s is not writable" % out
+    for above in target.parents:
+        if above.exists():
+            if not above.is_dir():
+                return "%s is not a directory" % above
+            return None if os.access(above, os.W_OK | os.X_OK) else (
+                "the directory %s is not writable" % above)
+    return None
+
+
 def dump(path: str, rank: int) -> str:
     """Write this rank's events so far to rank_path(path, rank); returns the file."""
     return write(rank_path(path, rank), rank)

@@ -165,6 +165,15 @@ def init() -> Communicator:
                 "MPI_THREAD_SERIALIZED" % provided)
         _state.world = Communicator(0, rank, size)
         rank_children.mark()
+        if timeline.requested():
+            # said now, not only at the end of a long job
+            out = timeline.rank_path(timeline.requested(), rank)
+            problem = timeline.unwritable(out)
+            if problem is not None:
+                warnings.warn("mxnet_mpi: %s=%s: rank %d cannot write its timeline to %s (%s); "
+                              "it is recorded, and written at exit only if that changes"
+                              % (timeline.ENV_VAR, timeline.requested(), rank, out, problem),
+                              stacklevel=2)
         _state.local_rank, _state.local_size = local_rank, local_size
         _state.thread_level = provided
         atexit.register(_at_exit)

@@ -85,7 +85,8 @@ def test_startup_hook_that_cannot_load_the_package_refuses_its_stores(variable):
                           env=env, cwd=str(ROOT), timeout=120)
     assert proc.returncode != 0 and "WEIGHT" not in proc.stdout, proc.stdout
     assert "kvstore 'mpi' is not available: mxnet_mpi could not be loaded" in proc.stderr
-    assert "%s must be 0 or 1, got 'abc'" % variable in proc.stderr
+    assert "%s must be 0 or 1 (or true/false, yes/no, on/off), got 'abc'" % variable \
+        in proc.stderr
     if variable != "MXNET_MPI_TRANSPORT_DEFAULTS":
         return   # every name refused: once is enough
     # In a rank of a job of several, the defaults the hook set for mxnet_mpi

@@ -103,7 +103,8 @@ def test_the_environment_check_sees_reads_through_a_name():
     # a wait longer than the clocks can time: 1e10 ended every healthy job at its
     # MPI_Finalize with status 3 (and broke Python's waits with OverflowError)
     ("MXNET_MPI_STALL_WARN_S", "1e10", "MXNET_MPI_STALL_WARN_S must be <= 1e+08, got '1e10'"),
-    ("MXNET_MPI_AVERAGE", "maybe", "MXNET_MPI_AVERAGE must be 0 or 1, got 'maybe'"),
+    ("MXNET_MPI_AVERAGE", "maybe",
+     "MXNET_MPI_AVERAGE must be 0 or 1 (or true/false, yes/no, on/off), got 'maybe'"),
     ("MXNET_MPI_MODE", "Bogus", "unknown mxnet_mpi mode 'bogus' (from MXNET_MPI_MODE)"),
     ("MXNET_MPI_HYBRID_ROUTE", "nearest", "unknown MXNET_MPI_HYBRID_ROUTE 'nearest'"),
     ("MXNET_MPI_CONSISTENCY_ACTION", "fix", "MXNET_MPI_CONSISTENCY_ACTION must be one of "

@@ -92,3 +92,25 @@ def test_rank_path_of_a_file_a_pattern_and_a_directory(tmp_path):
     assert rank_path("/x/t-{rank}.json", 3) == "/x/t-3.json"
     assert rank_path("/x/traces/", 1) == "/x/traces/trace.rank1.json"
     assert rank_path(str(tmp_path), 0) == str(tmp_path / "trace.rank0.json")
+
+
+def test_a_timeline_that_cannot_be_written_is_said_at_the_start(tmp_path):
+    """A timeline path under a file: the job ran to its end and only then
+    said it could not write the trace (exit 0). Each rank now warns when MPI
+    starts, naming its file and why; training goes on."""
+    from mxnet_mpi.timeline import unwritable
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert unwritable(str(afile / "trace.rank0.json")) == "%s is not a directory" % afile
+    assert unwritable(str(tmp_path)) == "%s is a directory" % tmp_path
+    assert unwritable(str(tmp_path / "new" / "deeper" / "t.json")) is None
+    assert unwritable(str(afile)) is None
+    script = tmp_path / "one_step.py"
+    script.write_text("import mxnet as mx\nimport mxnet_mpi  # noqa: F401\n"
+                      "kv = mx.kv.create('mpi')\na = mx.nd.ones(3)\nkv.pushpull(0, a)\n"
+                      "print('SUM', a.asnumpy().tolist(), flush=True)\n")
+    proc = run_mpi(script, 2, env={"MXNET_MPI_TIMELINE": str(afile / "trace.json")})
+    assert proc.stdout.count("SUM [2.0, 2.0, 2.0]") == 2, proc.stdout
+    for rank in range(2):
+        assert "rank %d cannot write its timeline to %s (%s is not a directory)" % (
+            rank, afile / ("trace.rank%d.json" % rank), afile) in proc.stderr, proc.stderr
