@@ -16,12 +16,13 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import warnings
 
 import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import _native, joining, module_states, report, weight_writes
+from . import _native, joining, module_states, rank_children, report, weight_writes
 from .batch_sizes import step_flags
 from .consistency import PeriodicCheck, check_after_writes, check_trainer_after_writes
 from .errors import MPIKVStoreError
@@ -104,6 +105,29 @@ def resolve(kvstore):
     if is_ours(kvstore):
         return mx.kv.create(kvstore)
     return None
+
+
+_LOCAL_STORES = ("local", "device", "nccl")
+_alone = {"warned": False}
+
+
+def _warn_training_alone(kvstore, what: str) -> None:
+    """Once per process: a rank of a job of several (mpirun) whose Trainer or
+    Module reduces with one of MXNet's stores of one process ('device',
+    'local'): each rank trains a model of its own, which MXNet does silently.
+    kvstore=None (Horovod's style, mxnet_mpi.horovod) is left alone."""
+    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", None)
+    size = report.size_from_env()
+    if _alone["warned"] or size is None or size < 2 or not isinstance(name, str) \
+            or name.lower() not in _LOCAL_STORES or rank_children.started_by() is not None:
+        return
+    _alone["warned"] = True
+    warnings.warn(
+        "mxnet_mpi: this process is one of %d ranks started by mpirun, and its %s uses "
+        "kvstore=%r, which reduces over this process's devices only: each rank trains a "
+        "model of its own. Use kvstore='mpi' to train one model over all the ranks (or "
+        "kvstore=None with mxnet_mpi.horovod's DistributedTrainer)" % (size, what, name),
+        RuntimeWarning, stacklevel=3)
 
 
 def _patched_create_kvstore(orig):
@@ -210,6 +234,7 @@ def _patch_trainer() -> None:
                   compression_params=compression_params, update_on_kvstore=update_on_kvstore)
         self._mxmpi_writes = weight_writes.Watch()
         if kv is None:
+            _warn_training_alone(kvstore, "Trainer")
             return
         sparse_ok = getattr(kv, "supports_sparse", False)
         if sparse_ok:
@@ -458,6 +483,8 @@ def _patch_module() -> None:
     def init_optimizer(self, kvstore="local", optimizer="sgd",
                        optimizer_params=(("learning_rate", 0.01),), force_init=False):
         kv = resolve(kvstore)
+        if kv is None:
+            _warn_training_alone(kvstore, "Module")
         if kv is not None and isinstance(optimizer, str) and "async" not in kv.type:
             # MXNet divides by batch_size * num_workers for synchronous dist stores
             # only (not for dist_async); we divide by the sum of the ranks' bound
