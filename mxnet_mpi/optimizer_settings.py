@@ -13,10 +13,11 @@ The text holds the optimizer's class and every public setting whose value is a
 plain scalar (learning rate ``lr``, ``wd``, ``momentum``, ``beta1``,
 ``clip_gradient``, ...), its ``lr_mult``/``wd_mult`` tables, the per-parameter
 multipliers of Gluon parameters, and the scheduler's class and settings
-(never called: a scheduler may count its calls; for MXNet's own schedulers,
-their settings without their progress, and the rate a copy gives for the next
-update, so that asking a scheduler ahead of the optimizer, to log the next
-rate, is no difference). Lists of scalars count
+and the rate a copy gives for the next update (the scheduler itself is never
+called: it may count its calls; MXNet's own schedulers and their subclasses
+without their progress, so that asking a scheduler ahead of the optimizer, to
+log the next rate, is no difference). numpy's scalars count as the numbers
+they hold. Lists of scalars count
 as settings (a MultiFactorScheduler's ``step``: with only its scalars compared,
 ranks with different lists met only once a change of rate had been applied).
 So does ``aggregate_num``, how many parameters one op updates: LAMB's
@@ -31,9 +32,13 @@ import copy
 import hashlib
 import logging
 
+import numpy as np
+
 #: Attributes that are not settings of the update, or that the stores set alike.
 SKIPPED = frozenset({"rescale_grad", "num_update", "begin_num_update"})
-_SCALARS = (bool, int, float, str, type(None))
+# numpy's scalars too: a rate read from a float32 table is one (np.float64
+# is a float, np.float32 and np.int64 are not), and was left out
+_SCALARS = (bool, int, float, str, type(None), np.number, np.bool_)
 
 
 def _plain(value) -> bool:
@@ -44,8 +49,18 @@ def _plain(value) -> bool:
     return isinstance(value, _SCALARS)
 
 
+def _text(value) -> str:
+    """repr of a plain value, numpy's scalars as the Python numbers they hold
+    (their repr drops digits: float32 0.1 and 0.1000001 both print 0.1)."""
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(map(_text, value))
+        return "[%s]" % inner if isinstance(value, list) else "(%s%s)" % (
+            inner, "," if len(value) == 1 else "")
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
 def _scalars(obj) -> list:
-    return ["%s=%r" % (k, v) for k, v in sorted(vars(obj).items())
+    return ["%s=%s" % (k, _text(v)) for k, v in sorted(vars(obj).items())
             if not k.startswith("_") and k not in SKIPPED and _plain(v)]
 
 
@@ -57,29 +72,65 @@ _OWN_SCHEDULERS = ("FactorScheduler", "MultiFactorScheduler", "PolyScheduler",
                    "CosineScheduler")
 
 
+def _own_scheduler(scheduler) -> bool:
+    """One of MXNet's own schedulers, or a subclass of one: its progress is
+    in _PROGRESS."""
+    import mxnet.lr_scheduler as schedulers
+    return any(isinstance(scheduler, getattr(schedulers, name, ()))
+               for name in _OWN_SCHEDULERS)
+
+
 def _scheduler(scheduler, next_update: int | None = None) -> str:
-    """A scheduler's class and settings. MXNet's own compare their settings and
-    the rate of the `next_update` (from a copy: the scheduler is never
-    called), not their progress; another class, every public scalar."""
-    name = type(scheduler).__name__
-    own = type(scheduler).__module__ == "mxnet.lr_scheduler" and name in _OWN_SCHEDULERS
-    if not own:
-        return "%s(%s)" % (name, ", ".join(_scalars(scheduler)))
-    fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
+    """A scheduler's class and settings, and the rate a copy of it gives for
+    `next_update` (the scheduler itself is never called): a scheduler that
+    keeps its rate where no setting shows it (a private attribute moved by
+    each rank's own loss) differs there. MXNet's own schedulers and their
+    subclasses leave out their progress, which a call ahead of the
+    optimizer's (logging the next rate) moves early though the rate of the
+    next update is the same; another class, every public scalar."""
+    fields = _scalars(scheduler)
+    if _own_scheduler(scheduler):
+        fields = [f for f in fields if f.split("=", 1)[0] not in _PROGRESS]
     if next_update is not None:
-        fields.append("lr at update %d=%r" % (next_update, _next_rate(scheduler, next_update)))
-    return "%s(%s)" % (name, ", ".join(fields))
+        rate = _next_rate(scheduler, next_update)
+        if rate is not None:
+            fields.append("lr at update %d=%s" % (next_update, rate))
+    return "%s(%s)" % (type(scheduler).__name__, ", ".join(fields))
 
 
-def _next_rate(scheduler, update: int) -> float:
-    """The rate a copy of `scheduler` gives for `update`, without its log line
-    ("Change learning rate to ...": the scheduler itself logs it at the update)."""
+def _small(value, depth: int = 0) -> bool:
+    """Whether a copy of `value` is cheap every step: plain values, and
+    containers and objects (other schedulers) of them; not a scheduler that
+    holds the optimizer, a net or arrays."""
+    if depth > 4:
+        return False
+    if _plain(value):
+        return True
+    if isinstance(value, (list, tuple)):
+        return len(value) <= 64 and all(_small(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= 64 and all(_small(v, depth + 1) for v in value.values())
+    fields = getattr(value, "__dict__", None)
+    return fields is not None and not callable(getattr(value, "asnumpy", None)) \
+        and len(fields) <= 64 and all(_small(v, depth + 1) for v in fields.values())
+
+
+def _next_rate(scheduler, update: int) -> str | None:
+    """The rate a copy of `scheduler` gives for `update`, as text, without its
+    log line ("Change learning rate to ...": the scheduler itself logs it at
+    the update); None where a copy cannot be made or asked (a scheduler of
+    the user's own holding what cannot be copied)."""
+    if not _small(scheduler):
+        return None
     disabled = logging.root.manager.disable
     logging.disable(max(disabled, logging.INFO))
     try:
-        return copy.deepcopy(scheduler)(update)
+        rate = copy.deepcopy(scheduler)(update)
+    except Exception:  # noqa: BLE001  (the scheduler is the user's; its own call still runs)
+        return None
     finally:
         logging.disable(disabled)
+    return _text(rate) if _plain(rate) else None
 
 
 def describe(optimizer, scale: float | None = None, scale_name: str = "trainer scale") -> str:
@@ -91,17 +142,17 @@ def describe(optimizer, scale: float | None = None, scale_name: str = "trainer s
         return ""
     fields = [type(optimizer).__name__] + _scalars(optimizer)
     if scale is not None:
-        fields.append("%s=%r" % (scale_name, scale))
+        fields.append("%s=%s" % (scale_name, _text(scale)))
     for table in ("lr_mult", "wd_mult"):
         value = getattr(optimizer, table, None)
         if value:
-            fields.append("%s=%r" % (table, sorted(value.items(), key=repr)))
+            fields.append("%s=%s" % (table, _text(sorted(value.items(), key=repr))))
     # Gluon's parameters by index, in the Trainer's order (the same on every rank)
     params = getattr(optimizer, "param_dict", None) or {}
     mults = [(i, p.lr_mult, p.wd_mult) for i, p in params.items()
              if p.lr_mult != 1.0 or p.wd_mult != 1.0]
     if mults:
-        fields.append("parameter multipliers (index, lr_mult, wd_mult)=%r" % mults)
+        fields.append("parameter multipliers (index, lr_mult, wd_mult)=%s" % _text(mults))
     scheduler = getattr(optimizer, "lr_scheduler", None)
     if scheduler is not None:
         # MXNet's Optimizer asks its scheduler for num_update + 1 at the next update
@@ -122,7 +173,7 @@ def describe_params(name: str, params: dict) -> str:
         if k in SKIPPED:
             continue
         if _plain(v):
-            fields.append("%s=%r" % (k, v))
+            fields.append("%s=%s" % (k, _text(v)))
         elif isinstance(v, LRScheduler):
             fields.append("%s=%s" % (k, _scheduler(v)))
         else:

@@ -113,6 +113,83 @@ def section_scheduler_peek(res: Results) -> None:
                    "lr at update 7=%r" % (1e-08 if OTHER else 0.1 * 0.5 ** 3))
 
 
+def section_numpy_rate(res: Results) -> None:
+    """A rate read from a float32 table (numpy scalars: np.float32 is no
+    float), one step ahead on rank 1: left out of the settings, the ranks
+    drifted apart silently. Refused at the step it is applied; and in the
+    Module, a numpy rate that differs from the start."""
+    table = np.array([0.1, 0.05, 0.025, 0.0125], dtype=np.float32)
+    net, x, y = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME), kvstore="mpi_" + MODE)
+
+    def run() -> None:
+        for step in range(3):
+            trainer.set_learning_rate(table[step + (1 if OTHER and step == 2 else 0)])
+            gluon_step(net, trainer, x, y)
+    expect_refusal(res, run, "Trainer.step 3", "lr=%r" % float(table[3 if OTHER else 2]))
+    data = mx.sym.Variable("data")
+    out = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=2, name="fc"),
+                                        name="lro")
+    mod = mx.mod.Module(out, data_names=["data"], label_names=["lro_label"])
+    mod.bind(data_shapes=[("data", (8, 3))], label_shapes=[("lro_label", (8, 2))])
+    mod.init_params(mx.init.Constant(0.1))
+    rate = table[1 if OTHER else 0]
+    expect_refusal(res, lambda: mod.init_optimizer(
+        kvstore="mpi_" + MODE, optimizer="sgd", optimizer_params={"learning_rate": rate}),
+        "Module.init_optimizer", "learning_rate=%r" % float(rate))
+
+
+class Plateau(mx.lr_scheduler.LRScheduler):
+    """A scheduler of the user's own that keeps its rate in a private
+    attribute, halved when the rank's own loss stops falling."""
+
+    def __init__(self, lr: float) -> None:
+        super().__init__(lr)
+        self._lr = lr
+
+    def __call__(self, num_update: int) -> float:
+        return self._lr
+
+
+class LoggedFactor(mx.lr_scheduler.FactorScheduler):
+    """A subclass of one of MXNet's schedulers (its progress is not a setting)."""
+
+
+def section_private_scheduler(res: Results) -> None:
+    """A scheduler whose rate no public setting shows, halved on rank 1 only:
+    the ranks drifted apart silently. Its next rate is compared: refused at
+    the step that applies it."""
+    net, x, y = small_net_and_data(RANK)
+    plateau = Plateau(0.1)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=plateau),
+                               kvstore="mpi_" + MODE)
+
+    def run() -> None:
+        for step in range(3):
+            if OTHER and step == 2:
+                plateau._lr /= 2
+            gluon_step(net, trainer, x, y)
+    expect_refusal(res, run, "Trainer.step 3", "lr at update 3=%r" % (0.05 if OTHER else 0.1))
+
+
+def section_scheduler_subclass(res: Results) -> None:
+    """scheduler_peek with a subclass of FactorScheduler: its progress was
+    compared as settings, and the valid program refused. Trains on,
+    bit-identical."""
+    net, x, y = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(
+        SAME, lr_scheduler=LoggedFactor(step=2, factor=0.5)), kvstore="mpi_" + MODE)
+    rates = []
+    for _ in range(6):
+        gluon_step(net, trainer, x, y)
+        if OTHER:
+            rates.append(trainer.optimizer.lr_scheduler(trainer.optimizer.num_update + 1))
+    mx.nd.waitall()
+    res.check(not OTHER or rates[-1] < rates[0], "the rate never changed: %s" % rates)
+    digests["scheduler_subclass"] = hashlib.sha256(b"".join(
+        p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
+
+
 def section_module(res: Results) -> None:
     """Module: the settings are compared at init_optimizer (with the sum of
     the bound batch sizes) and at an update once per SETTINGS_COLLECTIVES
@@ -418,6 +495,9 @@ SECTION_FNS = {
     # a list setting: the rates agree until the first change, which was applied
     # on the ranks before they were compared
     "scheduler_peek": section_scheduler_peek,
+    "numpy_rate": section_numpy_rate,
+    "private_scheduler": section_private_scheduler,
+    "scheduler_subclass": section_scheduler_subclass,
     "scheduler_steps": trainer_differs(
         "sgd", {"learning_rate": 0.1, "lr_scheduler": mx.lr_scheduler.MultiFactorScheduler(
             step=[3, 5] if OTHER else [2, 4], factor=0.5)},
