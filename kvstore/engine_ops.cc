@@ -75,6 +75,43 @@ void FreeParam(void* p) {
   delete param;
 }
 
+// A failed collective's completion, run as an engine op of its own. MXNet
+// 1.9's threaded engine keeps errors in a list without a lock
+// (ThreadedEngine::global_exception_refs_) that every op finishing or
+// starting with an error appends to; an error handed to the completion
+// callback on a store's own thread (the funneled negotiator, a concurrent
+// lane) raced with the engine's workers passing earlier errors on, and
+// corrupted the heap. So a store thread never completes an op with an error:
+// this op, with no variables, does it on the engine's normal CPU worker, where
+// the ops that read the failed op's arrays learn of the error too.
+struct FailParam {
+  mxnet::engine::CallbackOnComplete cb;
+  std::string error;
+};
+
+void RunFail(void* /*rctx*/, void* on_complete, void* p) {
+  auto* fail = static_cast<FailParam*>(p);
+  dmlc::Error e(fail->error);
+  fail->cb(&e);
+  (*static_cast<mxnet::engine::CallbackOnComplete*>(on_complete))();
+}
+
+void FreeFail(void* p) { delete static_cast<FailParam*>(p); }
+
+void CompleteWithError(const mxnet::engine::CallbackOnComplete& cb, const std::string& err) {
+  static const mxnet::Context ctx = mxnet::Context::CPU(0);
+  static mxnet::FnProperty normal = mxnet::FnProperty::kNormal;
+  auto* fail = new FailParam{cb, err};
+  if (!g_finalizing &&
+      MXEnginePushAsync(&RunFail, fail, &FreeFail, const_cast<mxnet::Context*>(&ctx), nullptr,
+                        0, nullptr, 0, &normal, 0, "mxnet_mpi failed collective", false) == 0)
+    return;
+  // no engine to push to (it is shutting down): complete here
+  delete fail;
+  dmlc::Error e(err);
+  cb(&e);
+}
+
 void RunOp(void* /*rctx*/, void* on_complete, void* p) {
   OpParam& param = *static_cast<OpParam*>(p);
   param.ran = true;
@@ -110,9 +147,12 @@ void RunOp(void* /*rctx*/, void* on_complete, void* p) {
       cb();
     } else if (err.empty()) {
       cb();
-    } else {
+    } else if (done) {
+      // a synchronous engine (NaiveEngine): one thread, and the push waits
       dmlc::Error e(err);
       cb(&e);
+    } else {
+      CompleteWithError(cb, err);
     }
     if (done) done->set_value();
   };
