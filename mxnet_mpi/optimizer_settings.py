@@ -13,11 +13,11 @@ The text holds the optimizer's class and every public setting whose value is a
 plain scalar (learning rate ``lr``, ``wd``, ``momentum``, ``beta1``,
 ``clip_gradient``, ...), its ``lr_mult``/``wd_mult`` tables, the per-parameter
 multipliers of Gluon parameters, and the scheduler's class and settings
-and the rate a copy gives for the next update (the scheduler itself is never
-called: it may count its calls; MXNet's own schedulers and their subclasses
-without their progress, so that asking a scheduler ahead of the optimizer, to
-log the next rate, is no difference). numpy's scalars count as the numbers
-they hold. Lists of scalars count
+(never called: a scheduler may count its calls; for MXNet's own schedulers,
+their settings without their progress, and the rate a copy gives for the next
+update, so that asking a scheduler ahead of the optimizer, to log the next
+rate, is no difference; another class's private scalars too, where its rate
+may live). numpy's scalars count as the numbers they hold. Lists of scalars count
 as settings (a MultiFactorScheduler's ``step``: with only its scalars compared,
 ranks with different lists met only once a change of rate had been applied).
 So does ``aggregate_num``, how many parameters one op updates: LAMB's
@@ -59,9 +59,12 @@ def _text(value) -> str:
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
-def _scalars(obj) -> list:
+def _scalars(obj, private: bool = False) -> list:
+    """`obj`'s public plain values as "name=value"; with `private`, also its
+    private scalars (not lists: a history kept there would grow the text)."""
     return ["%s=%s" % (k, _text(v)) for k, v in sorted(vars(obj).items())
-            if not k.startswith("_") and k not in SKIPPED and _plain(v)]
+            if k not in SKIPPED and (_plain(v) if not k.startswith("_")
+                                     else private and isinstance(v, _SCALARS))]
 
 
 # MXNet's own schedulers keep their progress in these: a call ahead of the
@@ -72,65 +75,34 @@ _OWN_SCHEDULERS = ("FactorScheduler", "MultiFactorScheduler", "PolyScheduler",
                    "CosineScheduler")
 
 
-def _own_scheduler(scheduler) -> bool:
-    """One of MXNet's own schedulers, or a subclass of one: its progress is
-    in _PROGRESS."""
-    import mxnet.lr_scheduler as schedulers
-    return any(isinstance(scheduler, getattr(schedulers, name, ()))
-               for name in _OWN_SCHEDULERS)
-
-
 def _scheduler(scheduler, next_update: int | None = None) -> str:
-    """A scheduler's class and settings, and the rate a copy of it gives for
-    `next_update` (the scheduler itself is never called): a scheduler that
-    keeps its rate where no setting shows it (a private attribute moved by
-    each rank's own loss) differs there. MXNet's own schedulers and their
-    subclasses leave out their progress, which a call ahead of the
-    optimizer's (logging the next rate) moves early though the rate of the
-    next update is the same; another class, every public scalar."""
-    fields = _scalars(scheduler)
-    if _own_scheduler(scheduler):
-        fields = [f for f in fields if f.split("=", 1)[0] not in _PROGRESS]
+    """A scheduler's class and settings. MXNet's own compare their settings and
+    the rate of the `next_update` (from a copy: the scheduler is never
+    called), not their progress. Another class (a subclass of MXNet's
+    included: it may compute its rate otherwise, print, or hold what cannot
+    be copied) is never called or copied: every plain value it holds is
+    compared, private scalars included, where a rate moved by each rank's own
+    loss may live."""
+    name = type(scheduler).__name__
+    own = type(scheduler).__module__ == "mxnet.lr_scheduler" and name in _OWN_SCHEDULERS
+    if not own:
+        return "%s(%s)" % (name, ", ".join(_scalars(scheduler, private=True)))
+    fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
     if next_update is not None:
-        rate = _next_rate(scheduler, next_update)
-        if rate is not None:
-            fields.append("lr at update %d=%s" % (next_update, rate))
-    return "%s(%s)" % (type(scheduler).__name__, ", ".join(fields))
+        fields.append("lr at update %d=%s" % (next_update, _next_rate(scheduler, next_update)))
+    return "%s(%s)" % (name, ", ".join(fields))
 
 
-def _small(value, depth: int = 0) -> bool:
-    """Whether a copy of `value` is cheap every step: plain values, and
-    containers and objects (other schedulers) of them; not a scheduler that
-    holds the optimizer, a net or arrays."""
-    if depth > 4:
-        return False
-    if _plain(value):
-        return True
-    if isinstance(value, (list, tuple)):
-        return len(value) <= 64 and all(_small(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return len(value) <= 64 and all(_small(v, depth + 1) for v in value.values())
-    fields = getattr(value, "__dict__", None)
-    return fields is not None and not callable(getattr(value, "asnumpy", None)) \
-        and len(fields) <= 64 and all(_small(v, depth + 1) for v in fields.values())
-
-
-def _next_rate(scheduler, update: int) -> str | None:
+def _next_rate(scheduler, update: int) -> str:
     """The rate a copy of `scheduler` gives for `update`, as text, without its
     log line ("Change learning rate to ...": the scheduler itself logs it at
-    the update); None where a copy cannot be made or asked (a scheduler of
-    the user's own holding what cannot be copied)."""
-    if not _small(scheduler):
-        return None
+    the update)."""
     disabled = logging.root.manager.disable
     logging.disable(max(disabled, logging.INFO))
     try:
-        rate = copy.deepcopy(scheduler)(update)
-    except Exception:  # noqa: BLE001  (the scheduler is the user's; its own call still runs)
-        return None
+        return _text(copy.deepcopy(scheduler)(update))
     finally:
         logging.disable(disabled)
-    return _text(rate) if _plain(rate) else None
 
 
 def describe(optimizer, scale: float | None = None, scale_name: str = "trainer scale") -> str:

@@ -1,6 +1,6 @@
 """Ranks whose optimizers differ (learning rate, optimizer, momentum, weight
 decay, a parameter's multiplier, a scheduler or its list of steps or the
-rate it gives next, numpy scalars among them, the
+values a scheduler of one's own keeps, numpy scalars among them, the
 number of parameters one update op takes, the Trainer's rescale_grad,
 set_learning_rate on one rank) would drift apart silently, each updating its
 own weights: every rank raises at the step the difference appears, naming its
@@ -29,4 +29,4 @@ def test_ranks_with_different_optimizers_are_stopped_and_equal_ones_agree(tmp_pa
     assert ranks[0]["digests"] == ranks[1]["digests"]
     assert {"same_adam", "same_sgd"} <= set(ranks[0]["digests"])
     if mode == "funneled":
-        assert {"scheduler_peek", "scheduler_subclass"} <= set(ranks[0]["digests"])
+        assert "scheduler_peek" in ranks[0]["digests"]
