@@ -241,7 +241,11 @@ def join_store(store, params=None, updater=None, own=None, issued=None) -> int:
                 broadcast_from(store, root, trainer._params, "join: Trainer")
                 broadcast_state_values(store, root, trainer, "join: Trainer")
         for module in attached_modules(store):
-            if getattr(updater, "_module", None) is not module:
+            # the module the caller's updater serves, or one sharing its
+            # updater (a BucketingModule's buckets): brought up to date below
+            if getattr(updater, "_module", None) is not module and (
+                    getattr(updater, "_updater", None) is None
+                    or getattr(updater, "_updater", None) is not getattr(module, "_updater", 0)):
                 broadcast_from(store, root, module_arrays(module), "join: Module")
                 module._params_dirty = True   # get_params reads the arrays again
                 if getattr(module, "_updater", None) is not None:

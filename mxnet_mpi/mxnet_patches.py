@@ -107,6 +107,8 @@ def resolve(kvstore):
     return None
 
 
+# MXNet's stores of one process: 'local', 'device', 'nccl' and their variants
+# ('local_allreduce_cpu', 'local_update_cpu', 'local_allreduce_device')
 _LOCAL_STORES = ("local", "device", "nccl")
 _alone = {"warned": False}
 
@@ -119,7 +121,7 @@ def _warn_training_alone(kvstore, what: str) -> None:
     name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", None)
     size = report.size_from_env()
     if _alone["warned"] or size is None or size < 2 or not isinstance(name, str) \
-            or name.lower() not in _LOCAL_STORES or rank_children.started_by() is not None:
+            or not name.lower().startswith(_LOCAL_STORES) or rank_children.started_by() is not None:
         return
     _alone["warned"] = True
     warnings.warn(
@@ -631,18 +633,16 @@ def _patch_module() -> None:
 
 def _trained_modules(module) -> list:
     """The Modules that Module.fit trains under `module`. A BucketingModule's
-    buckets share weights, updater and store: the one that ran init_optimizer
-    (the store's, the same on every rank; the others borrow it), not the
-    current bucket, which differs from rank to rank."""
+    buckets share weights, updater and store: its default bucket, which holds
+    every parameter (the others bind sharing its arrays), the same on every
+    rank; not the current bucket, which differs from rank to rank, nor the
+    one that ran init_optimizer, which may lack some parameters."""
     if isinstance(module, mx.mod.Module):
         return [module]
     if isinstance(module, mx.mod.BucketingModule):
-        buckets = list(module._buckets.values())
-        owners = [m for m in buckets
-                  if isinstance(getattr(m, "_kvstore", None), KVStoreBase)
-                  and any(a is m for a in joining.attached_modules(m._kvstore))]
-        if owners:
-            return owners[:1]
+        default = module._buckets.get(module._default_bucket_key)
+        if default is not None:
+            return [default]
         return [module._curr_module] if module._curr_module is not None else []
     if isinstance(module, mx.mod.SequentialModule):
         return [m for sub in module._modules for m in _trained_modules(sub)]
@@ -708,7 +708,12 @@ def _patch_module_fit() -> None:
         names = orig_fit.__code__.co_varnames[2:orig_fit.__code__.co_argcount]
         kvstore = kwargs.get("kvstore", args[names.index("kvstore")]
                              if len(args) > names.index("kvstore") else "local")
-        if is_ours(kvstore) and not isinstance(train_data, _JoiningIter):
+        # fit's kvstore is ignored where init_optimizer ran before (MXNet
+        # keeps that store): then the store the module already has decides
+        ours = is_ours(kvstore) or (getattr(self, "optimizer_initialized", False) and any(
+            isinstance(getattr(m, "_kvstore", None), MPIKVStore)
+            for m in _trained_modules(self)))
+        if ours and not isinstance(train_data, _JoiningIter):
             train_data = _JoiningIter(train_data, self)
         return orig_fit(self, train_data, *args, **kwargs)
 

@@ -47,19 +47,22 @@ def test_checkpoint_resumes_on_another_number_of_devices(tmp_path, saved, resume
         assert row["checkpoint"] < 1e-6 and row["mxnet_numbered"] < 1e-6, row
 
 
-@pytest.mark.parametrize("case", ["fit_uneven", "write_other", "sequential"])
+@pytest.mark.parametrize("case", ["fit_uneven", "fit_switched", "write_other", "sequential"])
 def test_bucketing_and_sequential_modules(case):
     """BucketingModule.fit on uneven shards joins at each end of epoch, as
     Module.fit does (it paired a rank's next epoch with the others' last, then
-    failed at the end); a set_params on one rank while a non-default bucket is
-    current is named (only the module init_optimizer ran on was watched: the
-    ranks drifted apart, exit 0); SequentialModule's modules each have a store
+    failed at the end), with every parameter of the default bucket (where
+    init_optimizer ran in a bucket that lacks some, those stayed apart); a
+    set_params on one rank while a non-default bucket is current is named
+    (only the module init_optimizer ran on was watched: the ranks drifted
+    apart, exit 0); SequentialModule's modules each have a store
     and cannot join, so uneven data is named at the first end of epoch."""
-    run = run_pooled if case == "fit_uneven" else run_mpi   # the others abort the job
+    # the others abort the job
+    run = run_pooled if case in ("fit_uneven", "fit_switched") else run_mpi
     proc = run("bucketing.py", 2, case, timeout=120, check=False,
                env={"MXNET_MPI_STALL_ABORT_S": "60"})
     sums = re.findall(r"rank \d CHECKSUM (\S+)", proc.stdout)
-    if case == "fit_uneven":
+    if case in ("fit_uneven", "fit_switched"):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert len(sums) == 2 and sums[0] == sums[1], proc.stdout
         return
