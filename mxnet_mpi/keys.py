@@ -166,8 +166,12 @@ class KeyBook:
         if info.first_user is None or info.first_user == (self.owner, self._name_of(info.key)):
             return "", ""
         owner, name = info.first_user
-        first = (" by parameter %r%s" % (name, owner) if name is not None
-                 else " by the store's own calls")
+        if name is None:
+            return " by the store's own calls (kv.init, push, pushpull)", (
+                ": a store's keys keep their first shape and dtype, and a Trainer takes the "
+                "keys 0, 1, ... (its parameters' positions): give the store's own calls other "
+                "keys (strings, or numbers past the Trainer's parameters)")
+        first = " by parameter %r%s" % (name, owner)
         return first, (": a store's keys keep their first shape and dtype, and the Trainers "
                        "and Modules that share one store object use the same keys (a "
                        "parameter's position in each): %sone Trainer over all the "

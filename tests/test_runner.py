@@ -50,14 +50,16 @@ def test_plain_mpirun_with_the_startup_hook_of_the_dev_install():
     assert proc.stdout.count("argv ['mpi'] mpi loaded path0") == 2, proc.stdout
 
 
-def test_mxnets_own_store_under_mpirun_warns_that_each_rank_trains_alone():
-    """kvstore='device' under mpirun: each rank trains a model of its own, as
-    MXNet does, silently (a newcomer's slip). Each rank now warns once, naming
-    the store and kvstore='mpi'; the numbers stay MXNet's."""
-    proc = run_mpi("plain_mxnet.py", 2, "device")
+@pytest.mark.parametrize("store", ["device", "local_update_cpu"])
+def test_mxnets_own_store_under_mpirun_warns_that_each_rank_trains_alone(store):
+    """kvstore='device' (or another of MXNet's stores of one process) under
+    mpirun: each rank trains a model of its own, as MXNet does, silently (a
+    newcomer's slip). Each rank now warns once, naming the store and
+    kvstore='mpi'; the numbers stay MXNet's."""
+    proc = run_mpi("plain_mxnet.py", 2, store)
     assert weights(proc.stdout) == {0: (-1.0, 0.0), 1: (-2.0, 0.0)}, proc.stdout
     assert proc.stderr.count("this process is one of 2 ranks started by mpirun, and its "
-                             "Trainer uses kvstore='device'") == 2, proc.stderr[-3000:]
+                             "Trainer uses kvstore=%r" % store) == 2, proc.stderr[-3000:]
     assert proc.stderr.count("Use kvstore='mpi'") == 2, proc.stderr[-3000:]
 
 

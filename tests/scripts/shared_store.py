@@ -9,7 +9,8 @@ order  rank 1 steps them in the other order: every rank raises, naming the
        store's second Trainer and each rank's parameters (it summed one net's
        gradients into the other's, silently).
 shapes a second Trainer over a sub-block's parameters (other shapes at the
-       same keys) is refused, naming both keys' parameters and the fix; with a
+       same keys) is refused, naming both keys' parameters and the fix, and so
+       is a Trainer at a key the store's own kv.init gave another shape; with a
        store of its own (kvstore='mpi') it trains as one process does.
 
 Prints "RESULT <rank> <case> <outcome>".
@@ -102,6 +103,17 @@ def shapes() -> str:
         if "key 0 (parameter %r) for the store's Trainer 2" % second not in text or \
                 "by parameter %r" % first not in text or "its own store" not in text:
             return "other: " + text[:600]
+    # a key the store's own kv.init gave another shape: the hint says which
+    # keys a Trainer takes
+    raw = mx.kv.create("mpi")
+    raw.init(0, mx.nd.zeros((7,)))
+    try:
+        train(lambda: (raw, "mpi"), [RANK])
+        return "trained on a raw key"
+    except mxnet_mpi.MPIKVStoreError as e:
+        if "by the store's own calls" not in str(e) or "numbers past the Trainer's " \
+                "parameters" not in str(e):
+            return "other: " + str(e)[:600]
     mine = train(lambda: ("mpi", "mpi"), [RANK])
     ref = train(lambda: (None, None), list(range(SIZE)))
     return "refused, own stores match" if all(
