@@ -87,3 +87,71 @@ def detached(env: Mapping | None = None) -> dict:
     out = dict(os.environ if env is None else env)
     detach(out)
     return out
+
+
+# Beside the mark, which only a rank that has started MPI leaves, each process
+# that starts MPI claims its rank in the rank's session directory (Open MPI
+# makes it per rank and removes it when the job ends): a process that the rank
+# started before its own first store, and that started MPI first, is found
+# there when the rank starts MPI, instead of crashing the job.
+SESSION_VAR = "OMPI_FILE_LOCATION"
+CLAIM = "mxnet_mpi.rank"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet waited for, does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def claim(env: Mapping | None = None) -> int | None:
+    """Claim this job's rank for this process as it starts MPI. Returns the
+    pid of another live process that claimed it first, else None (claimed,
+    or nothing to claim: not started by mpirun, no session directory)."""
+    env = os.environ if env is None else env
+    where = env.get(SESSION_VAR, "")
+    if identity(env) is None or not where or not os.path.isdir(where):
+        return None
+    path, me = os.path.join(where, CLAIM), os.getpid()
+    mine = "%s.%d" % (path, me)
+    try:
+        with open(mine, "w") as f:
+            f.write(str(me))
+        for _ in range(3):
+            try:
+                os.link(mine, path)   # atomic: fails where a claim exists
+                return None
+            except FileExistsError:
+                try:
+                    with open(path) as f:
+                        holder = int(f.read().strip() or 0)
+                except (OSError, ValueError):
+                    holder = 0
+                if holder == me:
+                    return None
+                if holder and _alive(holder):
+                    return holder
+                try:
+                    os.unlink(path)   # a claim of a process that has ended
+                except FileNotFoundError:
+                    pass
+        return None
+    except OSError:
+        return None
+    finally:
+        try:
+            os.unlink(mine)
+        except OSError:
+            pass
+
+
+def parent_of(pid: int) -> int | None:
+    """`pid`'s parent process, from /proc (None if it has gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

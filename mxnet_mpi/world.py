@@ -188,10 +188,23 @@ def _refuse_rank_child() -> None:
     """A process that a rank started (subprocess, a spawn worker) with the
     rank's launch environment cannot start MPI: Open MPI would take it for a
     second copy of the rank and crash the job, and as a world of one it would
-    quietly train alone."""
+    quietly train alone. Where such a process started MPI before the rank
+    (it was started before the rank's first store), the rank is refused."""
     parent = rank_children.started_by()
     if parent is None:
-        return
+        holder = rank_children.claim()
+        if holder is None:
+            return
+        rank = (rank_children.identity(os.environ) or "?:?").rsplit(":", 1)[1]
+        how = ("a process this one started" if rank_children.parent_of(holder) == os.getpid()
+               else "the process that started this one" if holder == os.getppid()
+               else "another process with this rank's launch environment")
+        raise MPIKVStoreError(
+            "mxnet_mpi: rank %s of this job already runs MPI in process %d, %s, which "
+            "started MPI first: two processes cannot be one rank (Open MPI would crash the "
+            "job). Start processes that use MPI from a rank with "
+            "env=mxnet_mpi.rank_children.detached() (they run as a world of one rank of their "
+            "own), or let only the rank use MPI" % (rank, holder, how))
     rank = (rank_children.identity(os.environ) or "?:?").rsplit(":", 1)[1]
     raise MPIKVStoreError(
         "mxnet_mpi: this process (pid %d) was started by rank %s's process (pid %d), not by "

@@ -208,3 +208,19 @@ def test_exit_status_as_python_gives_it(status):
     python = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.exit(%s)" % status],
                             capture_output=True, timeout=30).returncode
     assert report.exit_status(eval(status)) == python
+
+
+def test_a_rank_whose_child_started_mpi_first_is_refused_naming_it():
+    """A rank starts a process that uses a store before its own first store:
+    both claimed one rank, and the job crashed (a segmentation fault, status
+    255). The rank is refused, naming its child (rank_children.claim)."""
+    proc = run_mpi("child_first.py", 2, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert sorted(ln for ln in lines if ln.startswith("CHILD")) == \
+        ["CHILD 0 [2.0, 2.0]", "CHILD 1 [2.0, 2.0]"], proc.stdout
+    refused = [ln.split() for ln in lines if ln.startswith("RANK")]
+    assert len(refused) == 2 and all(r[1] == "refused" for r in refused), proc.stdout
+    for r in refused:
+        assert "already runs MPI in process %s, a process this one started" % r[2] \
+            in " ".join(r), proc.stdout
+    assert "Segmentation fault" not in proc.stderr, proc.stderr[-3000:]

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,32 @@ def test_a_process_started_by_a_rank_is_told_apart_from_ranks_mpirun_started():
     # the user's own Open MPI settings stay
     assert child == {"OMPI_MCA_btl": "^ofi"}, child
     assert transport.SM_DIR_VAR in removed and rank_children.MARK in removed
+
+
+def test_the_first_process_to_start_mpi_as_a_rank_claims_it(tmp_path):
+    """A process that a rank starts before the rank's own first store carries
+    no mark; if it starts MPI first, the rank's own start crashed the job. Each
+    process claims its rank in the rank's session directory as it starts MPI:
+    the second live claimant is told the first's pid; an ended one's claim
+    (a zombie's too) is taken over; outside mpirun nothing is claimed."""
+    env = {"PMIX_NAMESPACE": "prterun-h-10@1", "PMIX_RANK": "0",
+           rank_children.SESSION_VAR: str(tmp_path)}
+    claim = tmp_path / rank_children.CLAIM
+    assert rank_children.claim(env) is None and claim.read_text() == str(os.getpid())
+    assert rank_children.claim(env) is None                       # its own: again
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim.write_text(str(holder.pid))
+        assert rank_children.claim(env) == holder.pid               # running: refused
+        assert rank_children.parent_of(holder.pid) == os.getpid()
+        holder.kill()
+        time.sleep(0.5)                                             # a zombie: not waited for
+        assert rank_children.claim(env) is None and claim.read_text() == str(os.getpid())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rank_children.claim({rank_children.SESSION_VAR: str(tmp_path)}) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [rank_children.CLAIM]
 
 
 def test_a_process_started_by_a_rank_does_not_report_to_the_launcher_as_the_rank():
