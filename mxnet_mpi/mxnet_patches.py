@@ -485,7 +485,9 @@ def _patch_module() -> None:
     def init_optimizer(self, kvstore="local", optimizer="sgd",
                        optimizer_params=(("learning_rate", 0.01),), force_init=False):
         kv = resolve(kvstore)
-        if kv is None:
+        if kv is None and not (self.optimizer_initialized and not force_init):
+            # (MXNet ignores the call where the optimizer is initialised:
+            # Module.fit after init_optimizer keeps the store it has)
             _warn_training_alone(kvstore, "Module")
         if kv is not None and isinstance(optimizer, str) and "async" not in kv.type:
             # MXNet divides by batch_size * num_workers for synchronous dist stores

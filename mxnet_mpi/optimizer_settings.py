@@ -16,10 +16,11 @@ multipliers of Gluon parameters, and the scheduler's class and settings
 (never called: a scheduler may count its calls; for MXNet's own schedulers,
 their settings without their progress, and the rate a copy gives for the next
 update, so that asking a scheduler ahead of the optimizer, to log the next
-rate, is no difference; another class's private scalars too, where its rate
-may live). numpy's scalars count as the numbers they hold. Lists of scalars count
-as settings (a MultiFactorScheduler's ``step``: with only its scalars compared,
-ranks with different lists met only once a change of rate had been applied).
+rate, is no difference; another class's whole state, private values and the
+schedulers it holds included, where its rate may live). numpy's scalars count
+as the numbers they hold. Lists of scalars count as settings (a
+MultiFactorScheduler's ``step``: with only its scalars compared, ranks with
+different lists met only once a change of rate had been applied).
 So does ``aggregate_num``, how many parameters one op updates: LAMB's
 grouped update rounds differently from its one-by-one update. Left out: what
 the ranks may hold differently without changing the update (``rescale_grad``,
@@ -59,12 +60,46 @@ def _text(value) -> str:
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
-def _scalars(obj, private: bool = False) -> list:
-    """`obj`'s public plain values as "name=value"; with `private`, also its
-    private scalars (not lists: a history kept there would grow the text)."""
+def _scalars(obj) -> list:
+    """`obj`'s public plain values as "name=value"."""
     return ["%s=%s" % (k, _text(v)) for k, v in sorted(vars(obj).items())
-            if k not in SKIPPED and (_plain(v) if not k.startswith("_")
-                                     else private and isinstance(v, _SCALARS))]
+            if not k.startswith("_") and k not in SKIPPED and _plain(v)]
+
+
+# How much of a scheduler of the user's own is read each step: containers up
+# to this many items (a history kept in one would grow the text step by step),
+# schedulers held in it up to this depth.
+_MOST_ITEMS = 1024
+_DEEPEST = 4
+
+
+def _state(value, depth: int = 0) -> str | None:
+    """A scheduler's state as text, never calling it: plain values, numpy
+    arrays (a digest), lists, tuples and dicts of them, and the schedulers it
+    holds (a warm-up wrapper's, gluoncv's LRSequential's), each with every
+    value, private ones included, where its rate may live. None for what is
+    not read (an object of another kind, a file, a large container)."""
+    from mxnet.lr_scheduler import LRScheduler
+    if isinstance(value, _SCALARS):
+        return _text(value)
+    if depth >= _DEEPEST:
+        return None
+    if isinstance(value, np.ndarray):
+        if value.size > _MOST_ITEMS * 64 or value.dtype == object:
+            return None
+        return "array(%s, %s, %s)" % (value.shape, value.dtype, hashlib.blake2b(
+            np.ascontiguousarray(value).tobytes(), digest_size=8).hexdigest())
+    if isinstance(value, (list, tuple)) and len(value) <= _MOST_ITEMS:
+        return "[%s]" % ", ".join("%s" % _state(v, depth + 1) for v in value)
+    if isinstance(value, dict) and len(value) <= _MOST_ITEMS:
+        return "{%s}" % ", ".join("%s: %s" % (_text(k) if _plain(k) else type(k).__name__,
+                                              _state(v, depth + 1))
+                                  for k, v in sorted(value.items(), key=lambda kv: repr(kv[0])))
+    if isinstance(value, LRScheduler):
+        fields = ["%s=%s" % (k, text) for k, v in sorted(vars(value).items())
+                  if k not in SKIPPED for text in [_state(v, depth + 1)] if text is not None]
+        return "%s(%s)" % (type(value).__name__, ", ".join(fields))
+    return None
 
 
 # MXNet's own schedulers keep their progress in these: a call ahead of the
@@ -80,13 +115,13 @@ def _scheduler(scheduler, next_update: int | None = None) -> str:
     the rate of the `next_update` (from a copy: the scheduler is never
     called), not their progress. Another class (a subclass of MXNet's
     included: it may compute its rate otherwise, print, or hold what cannot
-    be copied) is never called or copied: every plain value it holds is
-    compared, private scalars included, where a rate moved by each rank's own
-    loss may live."""
+    be copied) is never called or copied: its state is compared (_state),
+    private values and the schedulers it holds included, where a rate moved
+    by each rank's own loss may live."""
     name = type(scheduler).__name__
     own = type(scheduler).__module__ == "mxnet.lr_scheduler" and name in _OWN_SCHEDULERS
     if not own:
-        return "%s(%s)" % (name, ", ".join(_scalars(scheduler, private=True)))
+        return _state(scheduler)
     fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
     if next_update is not None:
         fields.append("lr at update %d=%s" % (next_update, _next_rate(scheduler, next_update)))

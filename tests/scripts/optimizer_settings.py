@@ -182,6 +182,39 @@ def section_private_scheduler(res: Results) -> None:
     expect_refusal(res, run, "Trainer.step 3", "_lr=%r" % (0.05 if OTHER else 0.1))
 
 
+class Warmup(mx.lr_scheduler.LRScheduler):
+    """A warm-up wrapper of the user's own around one of MXNet's schedulers."""
+
+    def __init__(self, after, warm: int = 2) -> None:
+        super().__init__(base_lr=0.1)
+        self.after, self.warm = after, warm
+
+    def __call__(self, num_update: int) -> float:
+        if num_update <= self.warm:
+            return self.base_lr * num_update / self.warm
+        return self.after(num_update - self.warm)
+
+
+def section_nested_scheduler(res: Results) -> None:
+    """A warm-up wrapper whose inner FactorScheduler has another base rate on
+    rank 1: compared by the wrapper's own values only, the ranks drifted apart
+    silently once the inner one took over. Refused at the first step; equal
+    wrappers train on, bit-identical."""
+    net, x, y = small_net_and_data(RANK)
+    inner = mx.lr_scheduler.FactorScheduler(step=100, base_lr=0.05 if OTHER else 0.1)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=Warmup(
+        inner)), kvstore="mpi_" + MODE)
+    expect_refusal(res, lambda: gluon_step(net, trainer, x, y), "Trainer.step 1",
+                   "after=FactorScheduler(base_lr=%r" % (0.05 if OTHER else 0.1))
+    net, x, y = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=Warmup(
+        mx.lr_scheduler.FactorScheduler(step=2, base_lr=0.1))), kvstore="mpi_" + MODE)
+    for _ in range(5):
+        gluon_step(net, trainer, x, y)
+    digests["nested_scheduler"] = hashlib.sha256(b"".join(
+        p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
+
+
 def section_scheduler_subclass(res: Results) -> None:
     """A subclass of FactorScheduler that holds a file, its base rate halved
     on rank 1 only: refused at the step that applies it (a version that left
@@ -513,6 +546,7 @@ SECTION_FNS = {
     "scheduler_peek": section_scheduler_peek,
     "numpy_rate": section_numpy_rate,
     "private_scheduler": section_private_scheduler,
+    "nested_scheduler": section_nested_scheduler,
     "scheduler_subclass": section_scheduler_subclass,
     "scheduler_steps": trainer_differs(
         "sgd", {"learning_rate": 0.1, "lr_scheduler": mx.lr_scheduler.MultiFactorScheduler(
