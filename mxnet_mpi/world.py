@@ -241,21 +241,48 @@ def on_exit(hook: Callable[[], None]) -> None:
     _exit_hooks.append(hook)
 
 
-def wait_queued_ops() -> None:
-    """Wait for every operation queued on MXNet's engine. An error nobody
-    waited for is reported on stderr, not raised (this runs at exit)."""
-    try:
-        mx.nd.waitall()
-    except Exception as exc:  # noqa: BLE001  (an error nobody waited for)
+def wait_queued_ops(timeout: float | None = None) -> bool:
+    """Wait for every operation queued on MXNet's engine (at most `timeout`
+    seconds; returns whether they all ran). An error nobody waited for is
+    reported on stderr, not raised (this runs at exit)."""
+    failed: list = []
+
+    def wait() -> None:
+        try:
+            mx.nd.waitall()
+        except Exception as exc:  # noqa: BLE001  (an error nobody waited for)
+            failed.append(exc)
+    if timeout is None:
+        wait()
+    else:
+        waiter = threading.Thread(target=wait, daemon=True, name="mxnet_mpi exit drain")
+        waiter.start()
+        waiter.join(timeout)
+        if waiter.is_alive():
+            return False
+    for exc in failed:
         first = str(exc).splitlines()[0] if str(exc) else repr(exc)
         sys.stderr.write("mxnet_mpi: an operation failed and nobody waited for it: %s\n" % first)
+    return True
+
+
+# How long a rank at its exit lets queued work run before it tells its peers
+# it has finished (below).
+_DRAIN_BEFORE_FINISH_S = 10.0
 
 
 def _finish() -> None:
     """Announce the end of this rank's program, wait for its collectives, run the
-    exit hooks. Never raises: errors still pending are reported, not re-raised."""
+    exit hooks. Never raises: errors still pending are reported, not re-raised.
+    Queued work runs first, for a while: it may push collectives of its own
+    (SyncBatchNorm's backward pushes its sums from a callback the engine runs),
+    which the count this rank announces must hold, or its peers would take it
+    for a rank that ran out of data. Work that waits on peers who will never
+    pair it is cut short: the announcement then goes out all the same."""
+    drained = wait_queued_ops(timeout=_DRAIN_BEFORE_FINISH_S)
     LIB.mxmpi_announce_finish()
-    wait_queued_ops()
+    if not drained:
+        wait_queued_ops()
     while _exit_hooks:
         hook = _exit_hooks.pop()
         try:

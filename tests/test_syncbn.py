@@ -136,6 +136,17 @@ def test_layers_train_for_steps_without_a_sync_point():
     assert np.isfinite(float(sums[0])), sums
 
 
+def test_a_backward_still_queued_at_the_end_of_the_script_runs_before_the_exit():
+    """The script ends with SyncBatchNorm's backward still queued: its sums,
+    pushed later from a callback, were missing from the count the rank
+    announced at exit, and the peer aborted the job (status 4, 5 runs of 6).
+    Queued work runs before the announcement (world._finish)."""
+    proc = run_mpi("syncbn_exit.py", 2, timeout=120,
+                   env={"MXNET_MPI_STALL_WARN_S": "5", "MXNET_MPI_STALL_ABORT_S": "30"})
+    assert sorted(re.findall(r"END \d", proc.stdout)) == ["END 0", "END 1"], proc.stdout
+    assert "finished its program" not in proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("np_,devices,how", [
     (2, 1, "one backward"), (2, 2, "one backward"), (2, 2, "backward per device"),
     (1, 3, "one backward"), (3, 2, "one backward"), (2, "2,1", "one backward")])
