@@ -33,6 +33,7 @@ import itertools
 import os
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd
 from mxnet.gluon import HybridBlock
 
@@ -131,6 +132,13 @@ class _SyncBNFunction(Function):
         return tuple(i for i in range(x.ndim) if i != self._axis)
 
     def forward(self, x, gamma, beta):
+        # float16 data is normalised in float32 with float32 parameters, as
+        # BatchNorm does (SyncBatchNorm.cast keeps the parameters float32)
+        self._dtype, self._param_dtype = x.dtype, gamma.dtype
+        if x.dtype == np.float16:
+            x = x.astype("float32")
+        if gamma.dtype != x.dtype:
+            gamma, beta = gamma.astype(x.dtype), beta.astype(x.dtype)
         axes, shape = self._axes(x), self._shape(x)
         c = x.shape[self._axis]
         n = x.size // c
@@ -159,10 +167,12 @@ class _SyncBNFunction(Function):
         # the update would wait for the gradient that waits for the update.
         scale = gamma * inv_std
         self.save_for_backward(xhat, scale, total)
-        return y, mean, var
+        return (y if y.dtype == self._dtype else y.astype(self._dtype)), mean, var
 
     def backward(self, dy, _dmean, _dvar):
         xhat, scale, total = self.saved_tensors
+        if dy.dtype != xhat.dtype:
+            dy = dy.astype(xhat.dtype)
         axes, shape = self._axes(xhat), self._shape(xhat)
         c = xhat.shape[self._axis]
         scale = scale.reshape(shape)
@@ -184,6 +194,10 @@ class _SyncBNFunction(Function):
         mean_dy = (sums[:c] / total).reshape(shape)
         mean_dy_xhat = (sums[c:] / total).reshape(shape)
         dx = dy_scaled - (mean_dy + xhat * mean_dy_xhat) * scale
+        if dx.dtype != self._dtype:
+            dx = dx.astype(self._dtype)
+        if dgamma.dtype != self._param_dtype:
+            dgamma, dbeta = dgamma.astype(self._param_dtype), dbeta.astype(self._param_dtype)
         return dx, dgamma, dbeta
 
 
@@ -222,6 +236,12 @@ class SyncBatchNorm(HybridBlock):
                                                init=running_variance_initializer,
                                                allow_deferred_init=True, differentiable=False)
 
+    def cast(self, dtype) -> None:
+        """As BatchNorm: float16 leaves the parameters and statistics float32."""
+        if np.dtype(dtype).name == "float16":
+            dtype = "float32"
+        super().cast(dtype)
+
     def hybridize(self, active: bool = True, **kwargs) -> None:
         if active:
             raise MPIKVStoreError("mxnet_mpi.SyncBatchNorm cannot be hybridized: its "
@@ -258,6 +278,8 @@ class SyncBatchNorm(HybridBlock):
         if autograd.is_recording():   # BatchNorm updates them in its backward, so never
             with autograd.pause():    # outside autograd.record()
                 m = self._momentum
+                if mean.dtype != running_mean.dtype:
+                    mean, var = mean.astype(running_mean.dtype), var.astype(running_mean.dtype)
                 running_mean[:] = running_mean * m + mean * (1 - m)
                 running_var[:] = running_var * m + var * (1 - m)
         return y

@@ -147,6 +147,19 @@ def test_a_backward_still_queued_at_the_end_of_the_script_runs_before_the_exit()
     assert "finished its program" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_cast_to_float16_keeps_parameters_float32_as_batchnorm_does():
+    """net.cast('float16'): BatchNorm keeps gamma, beta and its statistics
+    float32; SyncBatchNorm cast them too, trained in float16 and failed at
+    inference ("requires uniform type"). Now as BatchNorm, to float16's
+    rounding."""
+    proc = run_mpi("syncbn_cast.py", 2, timeout=120)
+    rows = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("CAST")]
+    assert len(rows) == 2, proc.stdout + proc.stderr[-3000:]
+    for row in rows:
+        assert row[2] == "float32", row
+        assert all(float(d) < 5e-3 for d in row[3:]), row
+
+
 @pytest.mark.parametrize("np_,devices,how", [
     (2, 1, "one backward"), (2, 2, "one backward"), (2, 2, "backward per device"),
     (1, 3, "one backward"), (3, 2, "one backward"), (2, "2,1", "one backward")])
