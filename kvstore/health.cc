@@ -314,12 +314,21 @@ void Evaluate(const std::vector<Peer>& peers, std::set<std::pair<uint64_t, int>>
       const int64_t issued = IssuedOn(s, f.store);
       if (f.kind == FlightKind::kCollective && static_cast<int64_t>(f.seq) >= issued) {
         std::ostringstream os;
+        const std::string where = Where(f, m);
         os << "rank " << p << " finished its program after issuing " << issued
-           << " collectives on store '" << m.name << "', but this rank waits on " << Where(f, m)
-           << ", which rank " << p << " will never run. Ranks with uneven amounts of data must "
-           << "call join() (kv.join() or mxnet_mpi.join()) when they run out (the hybrid "
-           << "stores dist_sync_mpi and dist_async_mpi cannot join: there, every rank needs the "
-           << "same number of batches)";
+           << " collectives on store '" << m.name << "', but this rank waits on " << where
+           << ", which rank " << p << " will never run. ";
+        // SyncBatchNorm's own stores, or its first-forward meeting on the free functions'
+        if (m.name.rfind("SyncBatchNorm", 0) == 0 ||
+            where.find("'SyncBatchNorm ") != std::string::npos)
+          os << "A SyncBatchNorm layer meets every rank at each training forward and "
+             << "backward and cannot join: every rank needs the same number of training "
+             << "batches through it";
+        else
+          os << "Ranks with uneven amounts of data must call join() (kv.join() or "
+             << "mxnet_mpi.join()) when they run out (the hybrid stores dist_sync_mpi and "
+             << "dist_async_mpi cannot join: there, every rank needs the same number of "
+             << "batches)";
         AbortJob(os.str(), 4);
       }
       // A join flight's seq is the joins this rank completed before it.

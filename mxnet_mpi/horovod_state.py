@@ -15,6 +15,7 @@ from .collectives import stream_for
 from .errors import MPIKVStoreError
 from .modes import create_stream
 from .world import THREAD_MULTIPLE, thread_level
+from .world import finalized as _world_finalized
 from .world import init as _init_world
 from .world import local_rank as _local_rank
 from .world import local_size as _local_size
@@ -49,6 +50,9 @@ _state = _State()
 
 def _require_init() -> None:
     if not _state.initialized:
+        if _world_finalized():
+            raise ValueError("Horovod was shut down (hvd.shutdown()) in this process, which "
+                             "finalised MPI: it cannot start again here")
         raise ValueError(_NOT_INITIALIZED)
 
 

@@ -105,6 +105,11 @@ def on_comm_free(hook: Callable[[int], None]) -> None:
     _comm_free_hooks.append(hook)
 
 
+def finalized() -> bool:
+    """Whether MPI was finalised in this process (it cannot start again)."""
+    return _state.finalized
+
+
 def require_usable() -> None:
     """Raise MPIKVStoreError if this process cannot use MPI (a forked child)."""
     if _state.forked:

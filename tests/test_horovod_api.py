@@ -356,3 +356,14 @@ def test_distributed_optimizer_states_load_on_another_number_of_ranks(tmp_path, 
     assert len(loaded) == len(fresh) == load_on
     assert sorted(loaded, key=lambda r: r["rank"]) == sorted(fresh, key=lambda r: r["rank"])
     assert all(r["included"] for r in loaded)
+
+
+def test_a_call_after_shutdown_says_horovod_cannot_start_again():
+    """After hvd.shutdown() a call said "use hvd.init()", which then failed
+    (MPI was finalised): it says the process cannot start Horovod again."""
+    code = ("import mxnet_mpi.horovod as hvd\nhvd.init()\nhvd.shutdown()\n"
+            "try:\n    hvd.rank()\nexcept ValueError as e:\n    print('SAID', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=mpi_env())
+    assert "SAID Horovod was shut down (hvd.shutdown()) in this process, which finalised " \
+        "MPI: it cannot start again here" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -115,6 +115,9 @@ def test_training_on_one_rank_only_is_named_at_once():
     assert re.search(r"rank 1 finished its program .* this rank waits on .*SyncBatchNorm \d+: "
                      r"first training forward \(every rank trains it, in autograd.record\(\)\)",
                      out), out[-3000:]
+    # the layer's own rule, not join() (which it cannot do)
+    assert "cannot join: every rank needs the same number of training batches" in out
+    assert "must call join()" not in out
     assert time.time() - t0 < 30
 
 
