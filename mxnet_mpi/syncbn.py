@@ -145,7 +145,9 @@ class _SyncBNFunction(Function):
         # Each rank's mean and centred sum of squares (two passes, as BatchNorm
         # does), combined over ranks in float64: sum x = sum n_r m_r and
         # sum x² = sum (M2_r + n_r m_r²), so E[x²] - mean² cancels only in float64.
-        local_mean = x.mean(axis=axes)
+        # an empty batch on this rank (mx.np allows one) adds nothing: its
+        # mean would be NaN, and NaN times a count of 0 is NaN on every rank
+        local_mean = x.mean(axis=axes) if n else mx.nd.zeros((c,), dtype=x.dtype, ctx=x.context)
         centred = x - local_mean.reshape(shape)
         m2 = (centred * centred).sum(axis=axes).astype("float64")
         m64 = local_mean.astype("float64")
@@ -184,6 +186,10 @@ class _SyncBNFunction(Function):
         # runs on a custom-operator thread once the inputs are ready); what
         # comes after the allreduce reads arrays made here. (Reading dy after
         # the allreduce gave wrong gradients in resnet.)
+        if xhat.size == 0:   # an empty batch: its part of the sums is zero, dx is empty
+            zeros = mx.nd.zeros((2 * c,), dtype=xhat.dtype, ctx=xhat.context)
+            self._sum_backward(zeros, self._device, self._round)
+            return dy, zeros[c:].astype(self._param_dtype), zeros[:c].astype(self._param_dtype)
         dbeta = dy.sum(axis=axes)
         dgamma = (dy * xhat).sum(axis=axes)
         dy_scaled = dy * scale

@@ -150,6 +150,16 @@ def test_a_backward_still_queued_at_the_end_of_the_script_runs_before_the_exit()
     assert "finished its program" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_rank_with_an_empty_batch_adds_nothing():
+    """mx.np allows an empty batch: that rank's NaN mean made every rank's
+    output and statistics NaN, and its backward failed. It adds nothing now:
+    BatchNorm on the concatenated batch."""
+    proc = run_mpi("syncbn_empty.py", 2, timeout=120)
+    rows = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("EMPTY")]
+    assert sorted(r[1:3] for r in rows) == [["0", "0"], ["1", "3"]], proc.stdout
+    assert all(float(r[3]) < 1e-5 for r in rows), rows
+
+
 def test_cast_to_float16_keeps_parameters_float32_as_batchnorm_does():
     """net.cast('float16'): BatchNorm keeps gamma, beta and its statistics
     float32; SyncBatchNorm cast them too, trained in float16 and failed at
