@@ -67,8 +67,18 @@ class TrainerPlan:
         several = any(len(g) > 1 for g in grads)
         sums = [self._store._local_sum(i, g) for (i, _), g in zip(live, grads)] if several \
             else [g[0] for g in grads]
-        if rebuild and not self._build(live, sums, fingerprint):
-            return False
+        if rebuild:
+            try:
+                self._build(live, sums, fingerprint)
+            except MPIKVStoreError as exc:
+                # this rank's gradient has another layout than the key's: the
+                # peers run the plan their layouts make; take the same places
+                # (tokens), so that they fail this step with the reason and
+                # the next collective is paired (the general path's
+                # collectives, one per key, differed from the plan's)
+                if not self._push_tokens(live, batch_size, str(exc), context):
+                    return False
+                raise
         if batch_size is None:
             self._store.stream.push_raw(self._array, len(self._calls), context)
         else:
@@ -81,23 +91,30 @@ class TrainerPlan:
                     self._store._fan_out(total, g)
         return True
 
-    def _build(self, live: list, sums: list, fingerprint: tuple) -> bool:
+    def _build(self, live: list, sums: list, fingerprint: tuple) -> None:
+        """The plan for `live` (index, parameter) with gradient (sums) `sums`;
+        raises MPIKVStoreError where a gradient's layout is not its key's."""
         store = self._store
-        arrays = []
-        for (i, _), g in zip(live, sums):
-            try:
-                info = store._checked(i, [g], None, "allreduce")
-            except MPIKVStoreError:
-                return False  # the general path raises it, leaving a token
-            arrays.append((i, g, info))
+        arrays = [(i, g, store._checked(i, [g], None, "allreduce"))
+                  for (i, _), g in zip(live, sums)]
         params_by_key = dict(live)
+        groups = self._groups(arrays, params_by_key)
+        calls = [self._call(group) for group in groups]
+        self._calls = calls
+        self._array = (CallDesc * len(calls))(*[c.desc for c in calls])
+        self._build_batch_variant(groups, [_block(params_by_key[g[0][0]]) for g in groups])
+        self._fingerprint = fingerprint
+
+    @staticmethod
+    def _groups(arrays: list, params_by_key: dict) -> list:
+        """(key, gradient, KeyInfo) triples, grouped as the plan moves them:
+        small ones of one block together, up to the fusion limit."""
         options = modes.stream_options()
         small, limit = options["small_bytes"], options["fusion_bytes"]
-        calls, groups, group = [], [], []
+        groups, group = [], []
 
         def flush():
             if group:
-                calls.append(self._call(group))
                 groups.append(list(group))
                 group.clear()
 
@@ -112,28 +129,50 @@ class TrainerPlan:
             if info.nbytes > small:
                 flush()
         flush()
-        self._calls = calls
-        self._array = (CallDesc * len(calls))(*[c.desc for c in calls])
-        self._build_batch_variant(groups, [_block(params_by_key[g[0][0]]) for g in groups],
-                                  small)
-        self._fingerprint = fingerprint
+        return groups
+
+    def _push_tokens(self, live: list, batch_size, reason: str, context) -> bool:
+        """Push, as tokens carrying `reason`, the collectives the plan makes from
+        the keys' known layouts (the peers' plan); False where a key has none."""
+        store = self._store
+        infos = [store._keys.get(i) for i, _ in live]
+        if any(info is None for info in infos):
+            return False
+        params_by_key = dict(live)
+        groups = self._groups([(i, None, info) for (i, _), info in zip(live, infos)],
+                              params_by_key)
+        calls = [self._call(group, token=reason) for group in groups]
+        if batch_size is not None:
+            rider = self._rider(groups, [_block(params_by_key[g[0][0]]) for g in groups])
+            if rider is None:
+                calls.insert(0, Call(_native.ALLREDUCE, [], [], dtype=np.float64,
+                                     shapes=[(SIZE,)],
+                                     desc="allreduce of the batch sizes %s" % np.dtype(
+                                         np.float64), label=NAME, name=NAME, token=reason))
+            else:
+                calls[rider] = self._call(groups[rider], with_batch_sizes=True, token=reason)
+        store.stream.push(calls, context)
         return True
 
-    def _build_batch_variant(self, groups: list, blocks: list, small: int) -> None:
-        """The plan plus the batch sizes: carried by the first collective of the
-        last layer's block that sums float32/float64 exactly (no averaging, no
+    def _rider(self, groups: list, blocks: list) -> int | None:
+        """Which collective carries the batch sizes: the first of the last
+        layer's block that sums float32/float64 exactly (no averaging, no
         fp16) and is small or grouped already (one more part makes a lone
-        large array go through the fusion buffer: a copy each way); else by
-        a float64 collective of their own, pushed first."""
-        rider = None
+        large array go through the fusion buffer: a copy each way); else None
+        (a float64 collective of their own, pushed first)."""
+        small = modes.stream_options()["small_bytes"]
         for k, group in enumerate(groups):
             if blocks[k] != blocks[0]:
                 break
             dtype, nbytes = group[0][2].dtype, sum(x[2].nbytes for x in group)
             if dtype in (np.float32, np.float64) and self._store._flags(dtype) == 0 \
                     and (len(group) > 1 or nbytes <= small):
-                rider = k
-                break
+                return k
+        return None
+
+    def _build_batch_variant(self, groups: list, blocks: list) -> None:
+        """The plan plus the batch sizes, carried as _rider says."""
+        rider = self._rider(groups, blocks)
         dtype = groups[rider][0][2].dtype if rider is not None else np.float64
         if self.batch_sizes is None or self.batch_sizes.dtype != dtype:
             self.batch_sizes = BatchSizes(dtype)
@@ -141,17 +180,19 @@ class TrainerPlan:
             calls = [self.batch_sizes.call()] + self._calls
         else:
             calls = list(self._calls)
-            calls[rider] = self._call(groups[rider], self.batch_sizes)
+            calls[rider] = self._call(groups[rider], with_batch_sizes=True)
         self._batch_calls = calls
         self._batch_array = (CallDesc * len(calls))(*[c.desc for c in calls])
 
-    def _call(self, group: list, batch_sizes: BatchSizes | None = None) -> Call:
-        """One (grouped) allreduce; with `batch_sizes`, they ride as its last part."""
+    def _call(self, group: list, with_batch_sizes: bool = False,
+              token: str | None = None) -> Call:
+        """One (grouped) allreduce; with the batch sizes riding as its last part;
+        with `token`, this rank's place in it only (why it cannot take part)."""
         store = self._store
         dtype = group[0][2].dtype
         flags = store._flags(dtype)
         keys = tuple(i for i, _, _ in group)
-        grads = [g for _, g, _ in group]
+        grads = [g for _, g, _ in group] if token is None else []
         shapes = [info.shape for _, _, info in group]
         name = store._keys.names(keys)
         if len(group) == 1:
@@ -160,12 +201,14 @@ class TrainerPlan:
             desc = "allreduce keys=%s shapes=%s %s%s" % (keys, tuple(shapes), np.dtype(dtype),
                                                          store._keys.owner)
             label = "keys %s" % (keys,)
-        if batch_sizes is not None:
-            grads, shapes = grads + [batch_sizes.array], shapes + [(SIZE,)]
+        if with_batch_sizes:
+            shapes = shapes + [(SIZE,)]
+            if token is None:
+                grads = grads + [self.batch_sizes.array]
             desc += " and " + NAME
             name = (name + " and " if name else "") + NAME
         return Call(_native.ALLREDUCE, grads, grads, dtype=dtype, shapes=shapes, desc=desc,
-                    label=label, priority=-keys[0], flags=flags, name=name)
+                    label=label, priority=-keys[0], flags=flags, name=name, token=token)
 
 
 
