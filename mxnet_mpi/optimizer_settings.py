@@ -121,7 +121,15 @@ def _scheduler(scheduler, next_update: int | None = None) -> str:
     name = type(scheduler).__name__
     own = type(scheduler).__module__ == "mxnet.lr_scheduler" and name in _OWN_SCHEDULERS
     if not own:
-        return _state(scheduler)
+        # MXNet takes any callable: one that is no LRScheduler is read by its
+        # own values (as an LRScheduler's, one level down)
+        text = _state(scheduler)
+        if text is None:
+            fields = getattr(scheduler, "__dict__", {})
+            text = "%s(%s)" % (name, ", ".join(
+                "%s=%s" % (k, t) for k, v in sorted(fields.items()) if k not in SKIPPED
+                for t in [_state(v, 1)] if t is not None))
+        return text
     fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
     if next_update is not None:
         fields.append("lr at update %d=%s" % (next_update, _next_rate(scheduler, next_update)))

@@ -173,6 +173,11 @@ class _SyncBNFunction(Function):
 
     def backward(self, dy, _dmean, _dvar):
         xhat, scale, total = self.saved_tensors
+        if xhat.size == 0:   # an empty batch: its part of the sums is zero, dx is empty
+            c = xhat.shape[self._axis]
+            zeros = mx.nd.zeros((2 * c,), dtype=xhat.dtype, ctx=xhat.context)
+            self._sum_backward(zeros, self._device, self._round)
+            return dy, zeros[c:].astype(self._param_dtype), zeros[:c].astype(self._param_dtype)
         if dy.dtype != xhat.dtype:
             dy = dy.astype(xhat.dtype)
         axes, shape = self._axes(xhat), self._shape(xhat)
@@ -186,10 +191,6 @@ class _SyncBNFunction(Function):
         # runs on a custom-operator thread once the inputs are ready); what
         # comes after the allreduce reads arrays made here. (Reading dy after
         # the allreduce gave wrong gradients in resnet.)
-        if xhat.size == 0:   # an empty batch: its part of the sums is zero, dx is empty
-            zeros = mx.nd.zeros((2 * c,), dtype=xhat.dtype, ctx=xhat.context)
-            self._sum_backward(zeros, self._device, self._round)
-            return dy, zeros[c:].astype(self._param_dtype), zeros[:c].astype(self._param_dtype)
         dbeta = dy.sum(axis=axes)
         dgamma = (dy * xhat).sum(axis=axes)
         dy_scaled = dy * scale

@@ -195,6 +195,16 @@ class Warmup(mx.lr_scheduler.LRScheduler):
         return self.after(num_update - self.warm)
 
 
+class Decay:
+    """A scheduler that is a plain callable, no LRScheduler."""
+
+    def __init__(self) -> None:
+        self.base_lr = 0.1
+
+    def __call__(self, num_update: int) -> float:
+        return self.base_lr / (1 + num_update)
+
+
 def section_nested_scheduler(res: Results) -> None:
     """A warm-up wrapper whose inner FactorScheduler has another base rate on
     rank 1: compared by the wrapper's own values only, the ranks drifted apart
@@ -211,8 +221,16 @@ def section_nested_scheduler(res: Results) -> None:
         mx.lr_scheduler.FactorScheduler(step=2, base_lr=0.1))), kvstore="mpi_" + MODE)
     for _ in range(5):
         gluon_step(net, trainer, x, y)
+    # MXNet takes any callable as the scheduler: one that is no LRScheduler
+    # (its description crashed every step)
+    net2, x2, y2 = small_net_and_data(RANK)
+    trainer = mx.gluon.Trainer(net2.collect_params(), "sgd", dict(SAME, lr_scheduler=Decay()),
+                               kvstore="mpi_" + MODE)
+    for _ in range(3):
+        gluon_step(net2, trainer, x2, y2)
     digests["nested_scheduler"] = hashlib.sha256(b"".join(
-        p.data().asnumpy().tobytes() for p in net.collect_params().values())).hexdigest()
+        p.data().asnumpy().tobytes() for p in list(net.collect_params().values())
+        + list(net2.collect_params().values()))).hexdigest()
 
 
 def section_scheduler_subclass(res: Results) -> None:

@@ -5,7 +5,7 @@ failed on the empty arrays.
 
   mpirun -np 2 python syncbn_empty.py
 
-Prints "EMPTY <rank> <rows> <max diff of y, dx and running_mean>".
+Prints "EMPTY <rank> <rows> <dtype> <max diff of y, dx and running_mean>".
 """
 
 import mxnet as mx
@@ -22,9 +22,10 @@ start = sum(rows[:rank])
 X = np.random.RandomState(0).randn(sum(rows), 2, 3).astype(np.float32) * 2 + 1
 
 
-def run(layer, x):
+def run(layer, x, dtype="float32"):
     layer.initialize()
-    xa = mx.np.array(x)
+    layer.cast(dtype)
+    xa = mx.np.array(x, dtype=dtype)
     xa.attach_grad()
     with mx.autograd.record():
         y = layer(xa)
@@ -34,9 +35,12 @@ def run(layer, x):
 
 
 mine = slice(start, start + rows[rank])
-got = run(mxnet_mpi.SyncBatchNorm(in_channels=2), X[mine])
-ref = run(mx.gluon.nn.BatchNorm(in_channels=2), X)
-diff = max(float(np.abs(got[0] - ref[0][mine]).max(initial=0)),
-           float(np.abs(got[1] - ref[1][mine]).max(initial=0)),
-           float(np.abs(got[2] - ref[2]).max()))
-print("EMPTY %d %d %.3g" % (rank, rows[rank], diff), flush=True)
+# float16 too (the layer then normalises in float32; the empty rank's dx
+# came back float32, and its backward failed)
+for dtype in ("float32", "float16"):
+    got = run(mxnet_mpi.SyncBatchNorm(in_channels=2), X[mine], dtype)
+    ref = run(mx.gluon.nn.BatchNorm(in_channels=2), X, dtype)
+    diff = max(float(np.abs(got[0] - ref[0][mine]).max(initial=0)),
+               float(np.abs(got[1] - ref[1][mine]).max(initial=0)),
+               float(np.abs(got[2] - ref[2]).max()))
+    print("EMPTY %d %d %s %.3g" % (rank, rows[rank], dtype, diff), flush=True)
