@@ -149,12 +149,14 @@ class BatchSizes:
         stream.push([self.call()], context)
         return self
 
-    def call(self, priority: int = 1) -> Call:
+    def call(self, priority: int = 1, token: str | None = None) -> Call:
         """The allreduce of these batch sizes alone (flags 0: never averaged or
-        compressed)."""
-        return Call(_native.ALLREDUCE, [self.array], [self.array], dtype=self.dtype,
+        compressed); with `token`, this rank's place in it only (why it cannot
+        take part)."""
+        arrays = [self.array] if token is None else []
+        return Call(_native.ALLREDUCE, arrays, arrays, dtype=self.dtype,
                     shapes=[(SIZE,)], desc="allreduce of the batch sizes %s" % self.dtype,
-                    label=NAME, name=NAME, priority=priority)
+                    label=NAME, name=NAME, priority=priority, token=token)
 
 
 class SettingsComparison:

@@ -113,6 +113,18 @@ _LOCAL_STORES = ("local", "device", "nccl")
 _alone = {"warned": False}
 
 
+def _drain_failed_step() -> None:
+    """A step failed on a collective error: the step's other failed
+    collectives left their errors on gradient arrays nobody waits for, and
+    the next step's collectives of those arrays were skipped (that step
+    failed too, on every rank, and updated only some parameters). Wait for
+    them here; the first error is what the caller raises."""
+    try:
+        mx.nd.waitall()
+    except Exception:  # noqa: BLE001  (the same step's errors, already being raised)
+        pass
+
+
 def _warn_training_alone(kvstore, what: str) -> None:
     """Once per process: a rank of a job of several (mpirun) whose Trainer or
     Module reduces with one of MXNet's stores of one process ('device',
@@ -286,16 +298,34 @@ def _patch_trainer() -> None:
         self._mxmpi_ignore_stale = ignore_stale_grad
         try:
             return orig_step(self, batch_size, ignore_stale_grad)
+        except MPIKVStoreError:
+            _drain_failed_step()
+            raise
         finally:
             self._mxmpi_batch = self._mxmpi_agreed = None
 
     @functools.wraps(orig_public_allreduce)
     def allreduce_grads(self):
-        if _store_of(self) is not None:
-            _reduction(self, "Trainer.allreduce_grads")
-            self._mxmpi_batch = None
-            self._mxmpi_reduced = True
-        return orig_public_allreduce(self)
+        kv = _store_of(self)
+        if kv is None:
+            return orig_public_allreduce(self)
+        _reduction(self, "Trainer.allreduce_grads")
+        self._mxmpi_batch = None
+        self._mxmpi_reduced = True
+        self._mxmpi_failed_reduce = None
+        try:
+            return orig_public_allreduce(self)
+        except MPIKVStoreError as exc:
+            # This rank failed at once; its peers learn of it only in update(),
+            # which sums the batch sizes: take that collective's place now (a
+            # program that catches the error here never calls update()), and
+            # refuse an update() that follows on this rank
+            if not self._update_on_kvstore:
+                kv.batch_token(str(exc), "Trainer.update %d: sum of batch sizes"
+                               % getattr(self, "_mxmpi_count", 0))
+                self._mxmpi_failed_reduce = str(exc)
+            _drain_failed_step()
+            raise
 
     @functools.wraps(orig_public_update)
     def update(self, batch_size, ignore_stale_grad=False):
@@ -314,6 +344,11 @@ def _patch_trainer() -> None:
                 "ranks would drift apart. Call trainer.allreduce_grads() before "
                 "trainer.update(batch_size), or trainer.step(batch_size), which does both")
         self._mxmpi_reduced = False
+        failed = getattr(self, "_mxmpi_failed_reduce", None)
+        if failed is not None:   # its batch sizes' place is taken already
+            self._mxmpi_failed_reduce = None
+            raise MPIKVStoreError("mxnet_mpi: Trainer.update after a failed "
+                                  "Trainer.allreduce_grads: %s" % failed)
         if not self._update_on_kvstore:
             self._mxmpi_agreed = kv.batch_agreement(
                 batch_size, "Trainer.update %d: sum of batch sizes"
@@ -324,6 +359,9 @@ def _patch_trainer() -> None:
                 fresh_counts(self, kv)
         try:
             return orig_public_update(self, batch_size, ignore_stale_grad)
+        except MPIKVStoreError:
+            _drain_failed_step()
+            raise
         finally:
             self._mxmpi_agreed = None
 

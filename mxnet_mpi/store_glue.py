@@ -93,6 +93,15 @@ class FrameworkGlue:
                                       what.encode() if what else self._context, settings,
                                       flags)
 
+    def batch_token(self, reason: str, what: str | None = None) -> None:
+        """This rank's place in the batch_agreement its peers push, as a token
+        carrying `reason` (it cannot take part: its step failed before)."""
+        self._usable()
+        if self._batch_sizes is None:
+            self._batch_sizes = BatchSizes()
+        self._workers_stream().push([self._batch_sizes.call(token=reason)],
+                                    what.encode() if what else self._context)
+
     def settings_check(self, settings: Callable[[], str], written=None,
                        after_writes=None) -> None:
         """Compare the ranks' optimizer settings, `settings()` (collective; for

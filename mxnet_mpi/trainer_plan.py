@@ -17,6 +17,7 @@ sum (Trainer._update) before it pushes the optimizer's ops.
 
 from __future__ import annotations
 
+import mxnet as mx
 import numpy as np
 
 from . import _native, modes, staging
@@ -65,8 +66,17 @@ class TrainerPlan:
         # the same plan as a rank with one device (the same collectives on
         # every rank, whatever its number of devices), copied back after.
         several = any(len(g) > 1 for g in grads)
-        sums = [self._store._local_sum(i, g) for (i, _), g in zip(live, grads)] if several \
-            else [g[0] for g in grads]
+        try:
+            sums = [self._store._local_sum(i, g) for (i, _), g in zip(live, grads)] \
+                if several else [g[0] for g in grads]
+        except mx.base.MXNetError:
+            # a device's gradient of another layout than the others' fails the
+            # sum before any collective: the peers' plan would pair with this
+            # rank's next step; take this one's places instead, and say which
+            reason = self._device_mismatch(live, grads)
+            if reason is None or not self._push_tokens(live, batch_size, reason, context):
+                raise
+            raise MPIKVStoreError(reason) from None
         if rebuild:
             try:
                 self._build(live, sums, fingerprint)
@@ -130,6 +140,22 @@ class TrainerPlan:
                 flush()
         flush()
         return groups
+
+    def _device_mismatch(self, live: list, grads: list) -> str | None:
+        """Which parameter has a device gradient of another shape or dtype than
+        its key's (or its first device's), as a message; None if none has."""
+        keys = self._store._keys
+        for (i, _), g in zip(live, grads):
+            info = keys.get(i)
+            shape, dtype = (info.shape, info.dtype) if info is not None else (
+                tuple(g[0].shape), np.dtype(g[0].dtype))
+            for a in g:
+                if tuple(a.shape) != shape or np.dtype(a.dtype) != dtype:
+                    return ("%s: the gradient on %s has shape %s and dtype %s, where the "
+                            "parameter's is %s and %s" % (keys.what(i), a.context,
+                                                          tuple(a.shape), np.dtype(a.dtype),
+                                                          shape, dtype))
+        return None
 
     def _push_tokens(self, live: list, batch_size, reason: str, context) -> bool:
         """Push, as tokens carrying `reason`, the collectives the plan makes from
