@@ -125,7 +125,20 @@ def _scheduler(scheduler, next_update: int | None = None) -> str:
         # own values (as an LRScheduler's, one level down)
         text = _state(scheduler)
         if text is None:
-            fields = getattr(scheduler, "__dict__", {})
+            fields = dict(getattr(scheduler, "__dict__", {}))
+            # a function's rate may live in what it closes over or its defaults
+            for attr in ("__defaults__", "__kwdefaults__"):
+                if getattr(scheduler, attr, None):
+                    fields[attr] = getattr(scheduler, attr)
+            cells = getattr(scheduler, "__closure__", None) or ()
+            if cells:
+                fields["__closure__"] = [_cell(c) for c in cells]
+            # and in the module's plain values it reads (a rate per rank)
+            code, names = getattr(scheduler, "__code__", None), getattr(scheduler,
+                                                                        "__globals__", {})
+            for n in (code.co_names if code is not None else ()):
+                if n in names and isinstance(names[n], _SCALARS):
+                    fields["global " + n] = names[n]
             text = "%s(%s)" % (name, ", ".join(
                 "%s=%s" % (k, t) for k, v in sorted(fields.items()) if k not in SKIPPED
                 for t in [_state(v, 1)] if t is not None))
@@ -134,6 +147,14 @@ def _scheduler(scheduler, next_update: int | None = None) -> str:
     if next_update is not None:
         fields.append("lr at update %d=%s" % (next_update, _next_rate(scheduler, next_update)))
     return "%s(%s)" % (name, ", ".join(fields))
+
+
+def _cell(cell):
+    """A closure cell's value (None where it is still empty)."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
 
 
 def _next_rate(scheduler, update: int) -> str:

@@ -14,7 +14,7 @@ from pool import run_sections
 SECTIONS = {
     "funneled": "learning_rate,optimizer,momentum,weight_decay,lr_mult,scheduler,"
                 "scheduler_steps,scheduler_peek,numpy_rate,private_scheduler,nested_scheduler,"
-                "scheduler_subclass,"
+                "function_scheduler,scheduler_subclass,"
                 "aggregate,nadam_devices,nadam_lr,nadam_states,module_nadam_devices,"
                 "rescale_grad,set_learning_rate,same,module,horovod,horovod_optimizer,set_optimizer,"
                 "stale_gradient,stale_gradient_horovod,ignore_stale,ignore_stale_update,"

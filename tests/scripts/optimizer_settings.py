@@ -205,6 +205,36 @@ class Decay:
         return self.base_lr / (1 + num_update)
 
 
+FUNCTION_RATE = 0.5 if OTHER else 0.1   # read by function_rate below
+
+
+def function_rate(num_update: int) -> float:
+    """A scheduler that is a plain function reading a module value."""
+    return FUNCTION_RATE
+
+
+def closure_rate(rate: float):
+    def schedule(num_update: int) -> float:
+        return rate
+    schedule.base_lr = 0.1
+    return schedule
+
+
+def section_function_scheduler(res: Results) -> None:
+    """A plain function as the scheduler whose rate differs on rank 1 (a
+    module value it reads, or a value it closes over): only its attributes
+    were compared, and the ranks drifted apart silently. Refused at the
+    first step."""
+    function_rate.base_lr = 0.1
+    for sched, mine in ((function_rate, "global FUNCTION_RATE=%r" % FUNCTION_RATE),
+                        (closure_rate(FUNCTION_RATE), "__closure__=[%r]" % FUNCTION_RATE)):
+        net, x, y = small_net_and_data(RANK)
+        trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=sched),
+                                   kvstore="mpi_" + MODE)
+        expect_refusal(res, lambda net=net, trainer=trainer, x=x, y=y: gluon_step(
+            net, trainer, x, y), "Trainer.step 1", mine)
+
+
 def section_nested_scheduler(res: Results) -> None:
     """A warm-up wrapper whose inner FactorScheduler has another base rate on
     rank 1: compared by the wrapper's own values only, the ranks drifted apart
@@ -565,6 +595,7 @@ SECTION_FNS = {
     "numpy_rate": section_numpy_rate,
     "private_scheduler": section_private_scheduler,
     "nested_scheduler": section_nested_scheduler,
+    "function_scheduler": section_function_scheduler,
     "scheduler_subclass": section_scheduler_subclass,
     "scheduler_steps": trainer_differs(
         "sgd", {"learning_rate": 0.1, "lr_scheduler": mx.lr_scheduler.MultiFactorScheduler(
