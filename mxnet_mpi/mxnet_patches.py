@@ -347,6 +347,8 @@ def _patch_trainer() -> None:
         failed = getattr(self, "_mxmpi_failed_reduce", None)
         if failed is not None:   # its batch sizes' place is taken already
             self._mxmpi_failed_reduce = None
+            if ignore_stale_grad and not self._update_on_kvstore:
+                fresh_counts(self, kv)   # as the peers push after their batch sizes
             raise MPIKVStoreError("mxnet_mpi: Trainer.update after a failed "
                                   "Trainer.allreduce_grads: %s" % failed)
         if not self._update_on_kvstore:

@@ -190,7 +190,8 @@ def test_stall_warning_names_only_the_rank_that_is_missing():
 
 
 @pytest.mark.parametrize("mode,how", [("funneled", "step"), ("concurrent", "step"),
-                                      ("funneled", "split"), ("chained", "devices")])
+                                      ("funneled", "split"), ("concurrent", "split_stale"),
+                                      ("chained", "devices")])
 def test_a_gradient_of_another_shape_on_one_rank_keeps_the_ranks_paired(mode, how):
     """A Trainer step whose gradient has another shape on one rank (caught):
     every rank fails that step with the reason and updates nothing, and the

@@ -7,6 +7,7 @@ sums a check key on the same store.
 
 HOW: step     Trainer.step; the second layer's weight gradient is off
      split    allreduce_grads() and update() in one try
+     split_stale  each in a try of its own, update(ignore_stale_grad=True)
      devices  2 devices per rank; the first layer's gradient on the second
               device is off (the local sum failed before any collective)
 
@@ -78,15 +79,26 @@ for step in (1, 2, 3, 4):
         k = len(devices) - 1
         shape = (off.shape[0], off.shape[1] + 1)
         off._grad[k] = mx.nd.zeros(shape, ctx=devices[k])
-    try:
-        if how == "split":
-            trainer.allreduce_grads()
-            trainer.update(4)
-        else:
-            trainer.step(4)
-        mx.nd.waitall()
-    except mxnet_mpi.MPIKVStoreError as e:
-        print("STEP %d %d %s" % (R, step, str(e).replace("\n", " ")), flush=True)
+    errors = []
+    if how == "split_stale":   # each call in a try of its own
+        for call in (trainer.allreduce_grads,
+                     lambda: trainer.update(4, ignore_stale_grad=True), mx.nd.waitall):
+            try:
+                call()
+            except mxnet_mpi.MPIKVStoreError as e:
+                errors.append(e)
+    else:
+        try:
+            if how == "split":
+                trainer.allreduce_grads()
+                trainer.update(4)
+            else:
+                trainer.step(4)
+            mx.nd.waitall()
+        except mxnet_mpi.MPIKVStoreError as e:
+            errors.append(e)
+    if errors:
+        print("STEP %d %d %s" % (R, step, str(errors[0]).replace("\n", " ")), flush=True)
     off._grad[:] = saved
 diff = max(float(np.abs(p.data(devices[0]).asnumpy() - q.data().asnumpy()).max())
            for p, q in zip(net.collect_params().values(), ref.collect_params().values()))
