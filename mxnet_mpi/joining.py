@@ -240,12 +240,12 @@ def join_store(store, params=None, updater=None, own=None, issued=None) -> int:
                 finish_deferred(store, trainer._params)
                 broadcast_from(store, root, trainer._params, "join: Trainer")
                 broadcast_state_values(store, root, trainer, "join: Trainer")
+        shared = getattr(updater, "_updater", None)
         for module in attached_modules(store):
             # the module the caller's updater serves, or one sharing its
             # updater (a BucketingModule's buckets): brought up to date below
             if getattr(updater, "_module", None) is not module and (
-                    getattr(updater, "_updater", None) is None
-                    or getattr(updater, "_updater", None) is not getattr(module, "_updater", 0)):
+                    shared is None or shared is not getattr(module, "_updater", None)):
                 broadcast_from(store, root, module_arrays(module), "join: Module")
                 module._params_dirty = True   # get_params reads the arrays again
                 if getattr(module, "_updater", None) is not None:

@@ -119,10 +119,7 @@ def _drain_failed_step() -> None:
     the next step's collectives of those arrays were skipped (that step
     failed too, on every rank, and updated only some parameters). Wait for
     them here; the first error is what the caller raises."""
-    try:
-        mx.nd.waitall()
-    except Exception:  # noqa: BLE001  (the same step's errors, already being raised)
-        pass
+    wait_queued_ops(report=False)
 
 
 def _warn_training_alone(kvstore, what: str) -> None:

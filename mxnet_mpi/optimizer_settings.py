@@ -96,10 +96,33 @@ def _state(value, depth: int = 0) -> str | None:
                                               _state(v, depth + 1))
                                   for k, v in sorted(value.items(), key=lambda kv: repr(kv[0])))
     if isinstance(value, LRScheduler):
-        fields = ["%s=%s" % (k, text) for k, v in sorted(vars(value).items())
-                  if k not in SKIPPED for text in [_state(v, depth + 1)] if text is not None]
-        return "%s(%s)" % (type(value).__name__, ", ".join(fields))
+        return _fields_state(value, vars(value), depth)
     return None
+
+
+def _fields_state(obj, fields: dict, depth: int) -> str:
+    """`obj`'s class and the state (_state) of each of `fields` it holds."""
+    return "%s(%s)" % (type(obj).__name__, ", ".join(
+        "%s=%s" % (k, text) for k, v in sorted(fields.items()) if k not in SKIPPED
+        for text in [_state(v, depth + 1)] if text is not None))
+
+
+def _callable_fields(scheduler) -> dict:
+    """What the rate of a scheduler that is no LRScheduler (MXNet takes any
+    callable) may come from: its attributes, and for a function what it
+    closes over, its defaults and the module's plain values it reads."""
+    fields = dict(getattr(scheduler, "__dict__", {}))
+    for attr in ("__defaults__", "__kwdefaults__"):
+        if getattr(scheduler, attr, None):
+            fields[attr] = getattr(scheduler, attr)
+    cells = getattr(scheduler, "__closure__", None) or ()
+    if cells:
+        fields["__closure__"] = [_cell(c) for c in cells]
+    code, names = getattr(scheduler, "__code__", None), getattr(scheduler, "__globals__", {})
+    for n in (code.co_names if code is not None else ()):
+        if n in names and isinstance(names[n], _SCALARS):
+            fields["global " + n] = names[n]
+    return fields
 
 
 # MXNet's own schedulers keep their progress in these: a call ahead of the
@@ -121,28 +144,9 @@ def _scheduler(scheduler, next_update: int | None = None) -> str:
     name = type(scheduler).__name__
     own = type(scheduler).__module__ == "mxnet.lr_scheduler" and name in _OWN_SCHEDULERS
     if not own:
-        # MXNet takes any callable: one that is no LRScheduler is read by its
-        # own values (as an LRScheduler's, one level down)
         text = _state(scheduler)
-        if text is None:
-            fields = dict(getattr(scheduler, "__dict__", {}))
-            # a function's rate may live in what it closes over or its defaults
-            for attr in ("__defaults__", "__kwdefaults__"):
-                if getattr(scheduler, attr, None):
-                    fields[attr] = getattr(scheduler, attr)
-            cells = getattr(scheduler, "__closure__", None) or ()
-            if cells:
-                fields["__closure__"] = [_cell(c) for c in cells]
-            # and in the module's plain values it reads (a rate per rank)
-            code, names = getattr(scheduler, "__code__", None), getattr(scheduler,
-                                                                        "__globals__", {})
-            for n in (code.co_names if code is not None else ()):
-                if n in names and isinstance(names[n], _SCALARS):
-                    fields["global " + n] = names[n]
-            text = "%s(%s)" % (name, ", ".join(
-                "%s=%s" % (k, t) for k, v in sorted(fields.items()) if k not in SKIPPED
-                for t in [_state(v, 1)] if t is not None))
-        return text
+        return text if text is not None else _fields_state(scheduler,
+                                                           _callable_fields(scheduler), 0)
     fields = [f for f in _scalars(scheduler) if f.split("=", 1)[0] not in _PROGRESS]
     if next_update is not None:
         fields.append("lr at update %d=%s" % (next_update, _next_rate(scheduler, next_update)))

@@ -100,11 +100,8 @@ CLAIM = "mxnet_mpi.rank"
 
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, ended but not yet waited for, does not)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = shm_segments.proc_stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def claim(env: Mapping | None = None) -> int | None:
@@ -150,8 +147,5 @@ def claim(env: Mapping | None = None) -> int | None:
 
 def parent_of(pid: int) -> int | None:
     """`pid`'s parent process, from /proc (None if it has gone)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = shm_segments.proc_stat(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None

@@ -114,13 +114,20 @@ def singleton_session_dir(path: str | None) -> str | None:
     return next((d for d in map(session_job_dir, names) if d), None)
 
 
-def start_time(pid: int) -> str | None:
-    """When process `pid` started (clock ticks after boot), or None if it does not run."""
+def proc_stat(pid: int) -> list | None:
+    """The fields of /proc/<pid>/stat after the command's name (state first,
+    then the parent's pid, ...), or None if the process does not run."""
     try:
         with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot), or None if it does not run."""
+    fields = proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 def server_runs(pid: int) -> bool:

@@ -86,21 +86,22 @@ class FrameworkGlue:
         `settings` (optimizer_settings.describe) differ; the sum's
         stale_ranks and written_ranks count the ranks that passed
         each of `flags` (batch_sizes.STALE, WRITTEN)."""
-        self._usable()
-        if self._batch_sizes is None:
-            self._batch_sizes = BatchSizes()
-        return self._batch_sizes.push(self._workers_stream(), batch_size,
-                                      what.encode() if what else self._context, settings,
-                                      flags)
+        return self._batch_buffer().push(self._workers_stream(), batch_size,
+                                         what.encode() if what else self._context, settings,
+                                         flags)
 
     def batch_token(self, reason: str, what: str | None = None) -> None:
         """This rank's place in the batch_agreement its peers push, as a token
         carrying `reason` (it cannot take part: its step failed before)."""
+        self._workers_stream().push([self._batch_buffer().call(token=reason)],
+                                    what.encode() if what else self._context)
+
+    def _batch_buffer(self) -> BatchSizes:
+        """The store's batch sizes' array (made at the first use)."""
         self._usable()
         if self._batch_sizes is None:
             self._batch_sizes = BatchSizes()
-        self._workers_stream().push([self._batch_sizes.call(token=reason)],
-                                    what.encode() if what else self._context)
+        return self._batch_sizes
 
     def settings_check(self, settings: Callable[[], str], written=None,
                        after_writes=None) -> None:

@@ -170,11 +170,8 @@ class TrainerPlan:
         calls = [self._call(group, token=reason) for group in groups]
         if batch_size is not None:
             rider = self._rider(groups, [_block(params_by_key[g[0][0]]) for g in groups])
-            if rider is None:
-                calls.insert(0, Call(_native.ALLREDUCE, [], [], dtype=np.float64,
-                                     shapes=[(SIZE,)],
-                                     desc="allreduce of the batch sizes %s" % np.dtype(
-                                         np.float64), label=NAME, name=NAME, token=reason))
+            if rider is None:   # the float64 collective of their own (_build_batch_variant)
+                calls.insert(0, BatchSizes(np.float64).call(token=reason))
             else:
                 calls[rider] = self._call(groups[rider], with_batch_sizes=True, token=reason)
         store.stream.push(calls, context)

@@ -196,11 +196,11 @@ def _refuse_rank_child() -> None:
     quietly train alone. Where such a process started MPI before the rank
     (it was started before the rank's first store), the rank is refused."""
     parent = rank_children.started_by()
+    holder = rank_children.claim() if parent is None else None
+    if parent is None and holder is None:
+        return
+    rank = (rank_children.identity(os.environ) or "?:?").rsplit(":", 1)[1]
     if parent is None:
-        holder = rank_children.claim()
-        if holder is None:
-            return
-        rank = (rank_children.identity(os.environ) or "?:?").rsplit(":", 1)[1]
         how = ("a process this one started" if rank_children.parent_of(holder) == os.getpid()
                else "the process that started this one" if holder == os.getppid()
                else "another process with this rank's launch environment")
@@ -210,7 +210,6 @@ def _refuse_rank_child() -> None:
             "job). Start processes that use MPI from a rank with "
             "env=mxnet_mpi.rank_children.detached() (they run as a world of one rank of their "
             "own), or let only the rank use MPI" % (rank, holder, how))
-    rank = (rank_children.identity(os.environ) or "?:?").rsplit(":", 1)[1]
     raise MPIKVStoreError(
         "mxnet_mpi: this process (pid %d) was started by rank %s's process (pid %d), not by "
         "mpirun, and inherited its launch environment: it cannot be a rank of that job (Open "
@@ -246,10 +245,11 @@ def on_exit(hook: Callable[[], None]) -> None:
     _exit_hooks.append(hook)
 
 
-def wait_queued_ops(timeout: float | None = None) -> bool:
+def wait_queued_ops(timeout: float | None = None, report: bool = True) -> bool:
     """Wait for every operation queued on MXNet's engine (at most `timeout`
     seconds; returns whether they all ran). An error nobody waited for is
-    reported on stderr, not raised (this runs at exit)."""
+    reported on stderr (without `report`, dropped), not raised (this runs at
+    exit)."""
     failed: list = []
 
     def wait() -> None:
@@ -265,7 +265,7 @@ def wait_queued_ops(timeout: float | None = None) -> bool:
         waiter.join(timeout)
         if waiter.is_alive():
             return False
-    for exc in failed:
+    for exc in failed if report else ():
         first = str(exc).splitlines()[0] if str(exc) else repr(exc)
         sys.stderr.write("mxnet_mpi: an operation failed and nobody waited for it: %s\n" % first)
     return True

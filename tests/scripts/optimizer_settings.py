@@ -165,21 +165,30 @@ class LoggedFactor(mx.lr_scheduler.FactorScheduler):
         return rate
 
 
-def section_private_scheduler(res: Results) -> None:
-    """A scheduler whose rate no public setting shows, halved on rank 1 only:
-    the ranks drifted apart silently. Its next rate is compared: refused at
-    the step that applies it."""
+def refused_when_halved(res: Results, sched, halve, mine: str) -> None:
+    """Train with `sched`; before the third step rank 1 alone calls `halve`:
+    refused at that step, naming this rank's `mine`."""
     net, x, y = small_net_and_data(RANK)
-    plateau = Plateau(0.1)
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=plateau),
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=sched),
                                kvstore="mpi_" + MODE)
 
     def run() -> None:
         for step in range(3):
             if OTHER and step == 2:
-                plateau._lr /= 2
+                halve()
             gluon_step(net, trainer, x, y)
-    expect_refusal(res, run, "Trainer.step 3", "_lr=%r" % (0.05 if OTHER else 0.1))
+    expect_refusal(res, run, "Trainer.step 3", mine)
+
+
+def section_private_scheduler(res: Results) -> None:
+    """A scheduler whose rate no public setting shows, halved on rank 1 only:
+    the ranks drifted apart silently. Its private values are compared:
+    refused at the step that applies it."""
+    plateau = Plateau(0.1)
+
+    def halve() -> None:
+        plateau._lr /= 2
+    refused_when_halved(res, plateau, halve, "_lr=%r" % (0.05 if OTHER else 0.1))
 
 
 class Warmup(mx.lr_scheduler.LRScheduler):
@@ -270,19 +279,13 @@ def section_scheduler_subclass(res: Results) -> None:
     compared nothing of its rate: the ranks drifted apart silently)."""
     import os
     import tempfile
-    net, x, y = small_net_and_data(RANK)
     path = os.path.join(tempfile.mkdtemp(), "rates%d.txt" % RANK)
     sched = LoggedFactor(path, step=100, factor=0.5)
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", dict(SAME, lr_scheduler=sched),
-                               kvstore="mpi_" + MODE)
 
-    def run() -> None:
-        for step in range(3):
-            if OTHER and step == 2:
-                sched.base_lr /= 2
-            gluon_step(net, trainer, x, y)
+    def halve() -> None:
+        sched.base_lr /= 2
     try:
-        expect_refusal(res, run, "Trainer.step 3", "base_lr=%r" % (0.05 if OTHER else 0.1))
+        refused_when_halved(res, sched, halve, "base_lr=%r" % (0.05 if OTHER else 0.1))
     finally:
         sched.log.close()
 
